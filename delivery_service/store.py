@@ -1,0 +1,420 @@
+"""Ledger storage: two tables and the SQL of every transition.
+
+Every method runs inside a transaction the caller opened (the
+`TransactionRunner` does) and takes `now` from the database's clock. Each
+transition is one guarded UPDATE: it changes the row only for the current
+holder and only from a legal state, so a stale caller can never overwrite a
+row someone else re-claimed or finished.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar, cast
+
+import peewee
+from peewee import SQL, fn
+
+from delivery_service.records import (
+    Holder,
+    Instance,
+    LedgerStats,
+    NewObligation,
+    Obligation,
+    ObligationFilter,
+)
+from delivery_service.state_machine import OWED, TERMINAL, LedgerLimits, State
+from switchboard.database import Backend
+
+M = TypeVar("M", bound=peewee.Model)
+
+
+class InstanceRow(peewee.Model):
+    id = peewee.CharField(max_length=64, primary_key=True)
+    gateway_name = peewee.CharField(max_length=128)
+    host = peewee.CharField(max_length=255)
+    pid = peewee.BigIntegerField()
+    platforms = peewee.TextField()  # comma-separated, sorted
+    registered_at = peewee.DoubleField()
+    heartbeat_at = peewee.DoubleField()
+    lease_expires_at = peewee.DoubleField()
+    deregistered_at = peewee.DoubleField(null=True)
+
+    class Meta:
+        table_name = "ledger_instance"
+
+
+class ObligationRow(peewee.Model):
+    id = peewee.CharField(max_length=24, primary_key=True)
+    session_key = peewee.TextField()
+    message_ref = peewee.TextField()
+    content = peewee.TextField()
+    platform = peewee.CharField(max_length=32)
+    chat_id = peewee.TextField()
+    thread_id = peewee.TextField()
+    metadata = peewee.TextField()  # JSON object of strings
+    state = peewee.CharField(max_length=16)
+    owner_instance_id = peewee.CharField(max_length=64, null=True)
+    fence = peewee.BigIntegerField()
+    attempts = peewee.IntegerField()
+    needs_marker = peewee.BooleanField()
+    platform_message_id = peewee.TextField()
+    last_error = peewee.TextField()
+    created_at = peewee.DoubleField()
+    updated_at = peewee.DoubleField()
+    next_attempt_at = peewee.DoubleField(null=True)
+    delivered_at = peewee.DoubleField(null=True)
+
+    class Meta:
+        table_name = "ledger_obligation"
+        indexes = (
+            (("state", "platform"), False),
+            (("session_key", "created_at"), False),
+            (("owner_instance_id",), False),
+            (("created_at", "id"), False),
+        )
+
+
+def _bind(model: type[M], database: peewee.Database) -> type[M]:
+    """A subclass of `model` bound to `database`, so several stores can coexist."""
+    meta = type("Meta", (), {"database": database, "table_name": model._meta.table_name})
+    return cast(type[M], type(model.__name__, (model,), {"Meta": meta, "__module__": __name__}))
+
+
+class LedgerStore:
+    def __init__(self, backend: Backend, limits: LedgerLimits) -> None:
+        self.backend = backend
+        self.limits = limits
+        self.Instance = _bind(InstanceRow, backend.database)
+        self.Obligation = _bind(ObligationRow, backend.database)
+
+    def create_schema(self) -> None:
+        with self.backend.database.connection_context():
+            self.backend.database.create_tables([self.Instance, self.Obligation], safe=True)
+
+    # -- instances ------------------------------------------------------------------------
+
+    def register_instance(
+        self,
+        now: float,
+        instance_id: str,
+        gateway_name: str,
+        host: str,
+        pid: int,
+        platforms: Sequence[str],
+        lease_ttl_s: float,
+    ) -> Instance:
+        self.Instance.insert(
+            id=instance_id,
+            gateway_name=gateway_name,
+            host=host,
+            pid=pid,
+            platforms=",".join(platforms),
+            registered_at=now,
+            heartbeat_at=now,
+            lease_expires_at=now + lease_ttl_s,
+        ).execute()
+        return self._instance_or_none(instance_id)  # type: ignore[return-value]
+
+    def heartbeat(self, now: float, instance_id: str, platforms: Sequence[str]) -> int:
+        """Extends a live instance's lease; returns the rows changed (0: not live)."""
+        inst = self.Instance
+        return cast(
+            int,
+            inst.update(
+                heartbeat_at=now,
+                lease_expires_at=now + (inst.lease_expires_at - inst.heartbeat_at),
+                platforms=",".join(platforms),
+            )
+            .where((inst.id == instance_id) & (inst.lease_expires_at > now))
+            .execute(),
+        )
+
+    def deregister(self, now: float, instance_id: str) -> int:
+        inst = self.Instance
+        lease_ends_now = peewee.Case(
+            None, [(inst.lease_expires_at > now, now)], inst.lease_expires_at
+        )
+        return cast(
+            int,
+            inst.update(deregistered_at=now, lease_expires_at=lease_ends_now)
+            .where((inst.id == instance_id) & inst.deregistered_at.is_null())
+            .execute(),
+        )
+
+    def get_instance(self, instance_id: str) -> Instance | None:
+        return self._instance_or_none(instance_id)
+
+    def live_instances(self, now: float) -> list[Instance]:
+        inst = self.Instance
+        return [_instance(row) for row in inst.select().where(inst.lease_expires_at > now)]
+
+    def _instance_or_none(self, instance_id: str) -> Instance | None:
+        row = self.Instance.get_or_none(self.Instance.id == instance_id)
+        return None if row is None else _instance(row)
+
+    # -- obligations ----------------------------------------------------------------------
+
+    def insert_if_absent(self, now: float, new: NewObligation, owner: str) -> Obligation | None:
+        """Inserts a PENDING row owned by `owner`; None when the id exists (never reset it)."""
+        values = {
+            "id": new.id,
+            "session_key": new.session_key,
+            "message_ref": new.message_ref,
+            "content": new.content,
+            "platform": new.platform,
+            "chat_id": new.chat_id,
+            "thread_id": new.thread_id,
+            "metadata": json.dumps(new.metadata, sort_keys=True),
+            "state": State.PENDING.value,
+            "owner_instance_id": owner,
+            "fence": 1,
+            "attempts": 0,
+            "needs_marker": False,
+            "platform_message_id": "",
+            "last_error": "",
+            "created_at": now,
+            "updated_at": now,
+            "next_attempt_at": None,
+            "delivered_at": None,
+        }
+        inserted = self.Obligation.insert(**values).on_conflict_ignore().as_rowcount().execute()
+        return _obligation_from(values) if inserted else None
+
+    def get(self, obligation_id: str) -> Obligation | None:
+        row = self.Obligation.select().where(self.Obligation.id == obligation_id).dicts().first()
+        return None if row is None else _obligation_from(row)
+
+    def transition(
+        self,
+        now: float,
+        obligation_id: str,
+        holder: Holder,
+        sources: Iterable[State],
+        changes: dict[str, Any],
+    ) -> Obligation | None:
+        """The fenced transition: applies `changes` only for the holder and from `sources`."""
+        obl = self.Obligation
+        query = (
+            obl.update(updated_at=now, **changes)
+            .where(
+                (obl.id == obligation_id)
+                & (obl.owner_instance_id == holder.instance_id)
+                & (obl.fence == holder.fence)
+                & obl.state.in_([s.value for s in sources])
+            )
+            .returning(obl)
+            .dicts()
+        )
+        rows = list(query.execute())
+        return _obligation_from(rows[0]) if rows else None
+
+    def operator_update(
+        self, now: float, obligation_id: str, sources: Iterable[State], changes: dict[str, Any]
+    ) -> Obligation | None:
+        """An operator's change: from `sources`, whoever holds the row; fences the holder out."""
+        obl = self.Obligation
+        query = (
+            obl.update(updated_at=now, fence=obl.fence + 1, **changes)
+            .where((obl.id == obligation_id) & obl.state.in_([s.value for s in sources]))
+            .returning(obl)
+            .dicts()
+        )
+        rows = list(query.execute())
+        return _obligation_from(rows[0]) if rows else None
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def _recoverable(self, now: float) -> peewee.Expression:
+        """Owed rows whose owner is dead or gone, plus FAILED rows that are due."""
+        obl, inst = self.Obligation, self.Instance
+        live_owner = inst.select(SQL("1")).where(
+            (inst.id == obl.owner_instance_id) & (inst.lease_expires_at > now)
+        )
+        return obl.state.in_([s.value for s in OWED]) & (
+            ~fn.EXISTS(live_owner)
+            | ((obl.state == State.FAILED.value) & (obl.next_attempt_at <= now))
+        )
+
+    def abandon_exhausted(self, now: float) -> int:
+        """Recoverable rows over the attempts cap or past the stale cutoff → ABANDONED."""
+        obl = self.Obligation
+        recoverable = self._recoverable(now)
+        over_cap = (
+            obl.update(
+                state=State.ABANDONED.value,
+                last_error=f"attempts cap ({self.limits.max_attempts}) reached",
+                updated_at=now,
+                next_attempt_at=None,
+            )
+            .where(recoverable & (obl.attempts >= self.limits.max_attempts))
+            .execute()
+        )
+        stale = (
+            obl.update(
+                state=State.ABANDONED.value,
+                last_error=f"stale: recorded more than {self.limits.stale_after_s:g} s ago",
+                updated_at=now,
+                next_attempt_at=None,
+            )
+            .where(recoverable & (obl.created_at <= now - self.limits.stale_after_s))
+            .execute()
+        )
+        return cast(int, over_cap) + cast(int, stale)
+
+    def count_gated(self, now: float, deliverable: Sequence[str]) -> int:
+        obl = self.Obligation
+        return cast(
+            int,
+            obl.select()
+            .where(self._recoverable(now) & obl.platform.not_in(list(deliverable)))
+            .count(),
+        )
+
+    def find_claimable(
+        self, now: float, deliverable: Sequence[str], limit: int
+    ) -> list[tuple[str, str, int]]:
+        """(id, state, fence) of claimable rows in delivery order, locked where the
+        backend can lock; rows another claimer holds locked are skipped."""
+        if not deliverable:
+            return []
+        obl = self.Obligation
+        query = (
+            obl.select(obl.id, obl.state, obl.fence)
+            .where(self._recoverable(now) & obl.platform.in_(list(deliverable)))
+            .order_by(obl.session_key, obl.created_at, obl.id)
+            .limit(limit)
+        )
+        if self.backend.skip_locked:
+            query = query.for_update("FOR UPDATE SKIP LOCKED")
+        return [(row.id, row.state, row.fence) for row in query]
+
+    def claim(
+        self, now: float, candidates: Sequence[tuple[str, str, int]], instance_id: str
+    ) -> list[Obligation]:
+        """Claims the candidates that are still exactly as they were read.
+
+        The guard on (id, state, fence) is what keeps a row that was delivered,
+        failed or re-claimed since `find_claimable` untouched.
+        """
+        if not candidates:
+            return []
+        obl = self.Obligation
+        guard = peewee.Tuple(obl.id, obl.state, obl.fence).in_(
+            [peewee.Tuple(*candidate) for candidate in candidates]
+        )
+        claimed = (
+            obl.update(
+                state=State.ATTEMPTING.value,
+                owner_instance_id=instance_id,
+                fence=obl.fence + 1,
+                attempts=obl.attempts + 1,
+                needs_marker=(obl.state != State.PENDING.value) | (obl.attempts > 0),
+                next_attempt_at=None,
+                updated_at=now,
+            )
+            .where(guard)
+            .returning(obl)
+            .dicts()
+            .execute()
+        )
+        order = {candidate[0]: i for i, candidate in enumerate(candidates)}
+        return sorted((_obligation_from(row) for row in claimed), key=lambda o: order[o.id])
+
+    # -- reads for operators --------------------------------------------------------------
+
+    def list_page(
+        self, where: ObligationFilter, after: tuple[float, str] | None, limit: int
+    ) -> list[Obligation]:
+        obl = self.Obligation
+        query = obl.select()
+        if where.state is not None:
+            query = query.where(obl.state == where.state.value)
+        if where.platform:
+            query = query.where(obl.platform == where.platform)
+        if where.session_key:
+            query = query.where(obl.session_key == where.session_key)
+        if where.owner_instance_id:
+            query = query.where(obl.owner_instance_id == where.owner_instance_id)
+        if after is not None:
+            query = query.where(peewee.Tuple(obl.created_at, obl.id) > peewee.Tuple(*after))
+        query = query.order_by(obl.created_at, obl.id).limit(limit)
+        return [_obligation_from(row) for row in query.dicts()]
+
+    def stats(self, now: float) -> LedgerStats:
+        obl = self.Obligation
+        counts = dict.fromkeys(State, 0)
+        for row in obl.select(obl.state, fn.COUNT(obl.id).alias("n")).group_by(obl.state).dicts():
+            counts[State(row["state"])] = int(row["n"])
+        oldest = obl.select(fn.MIN(obl.created_at)).where(obl.state == State.PENDING.value).scalar()
+        recoverable = self._recoverable(now)
+        in_doubt = obl.select().where(recoverable & (obl.state == State.ATTEMPTING.value)).count()
+        live = self.live_instances(now)
+        connected = {platform for instance in live for platform in instance.platforms}
+        gated: dict[str, int] = {}
+        per_platform = (
+            obl.select(obl.platform, fn.COUNT(obl.id).alias("n"))
+            .where(recoverable)
+            .group_by(obl.platform)
+            .dicts()
+        )
+        for row in per_platform:
+            if row["platform"] not in connected:
+                gated[row["platform"]] = int(row["n"])
+        return LedgerStats(
+            state_counts=counts,
+            oldest_pending_age_s=max(0.0, now - float(oldest)) if oldest is not None else 0.0,
+            in_doubt_count=int(in_doubt),
+            gated_by_platform=gated,
+            live_instance_count=len(live),
+        )
+
+    def prune(self, now: float, older_than_s: float) -> int:
+        obl = self.Obligation
+        return cast(
+            int,
+            obl.delete()
+            .where(
+                obl.state.in_([s.value for s in TERMINAL]) & (obl.updated_at <= now - older_than_s)
+            )
+            .execute(),
+        )
+
+
+def _instance(row: InstanceRow) -> Instance:
+    return Instance(
+        id=row.id,
+        gateway_name=row.gateway_name,
+        host=row.host,
+        pid=row.pid,
+        platforms=tuple(p for p in row.platforms.split(",") if p),
+        registered_at=row.registered_at,
+        heartbeat_at=row.heartbeat_at,
+        lease_expires_at=row.lease_expires_at,
+        deregistered_at=row.deregistered_at,
+    )
+
+
+def _obligation_from(row: dict[str, Any]) -> Obligation:
+    return Obligation(
+        id=row["id"],
+        session_key=row["session_key"],
+        message_ref=row["message_ref"],
+        content=row["content"],
+        platform=row["platform"],
+        chat_id=row["chat_id"],
+        thread_id=row["thread_id"],
+        metadata=json.loads(row["metadata"]),
+        state=State(row["state"]),
+        owner_instance_id=row["owner_instance_id"],
+        fence=int(row["fence"]),
+        attempts=int(row["attempts"]),
+        needs_marker=bool(row["needs_marker"]),
+        platform_message_id=row["platform_message_id"],
+        last_error=row["last_error"],
+        created_at=float(row["created_at"]),
+        updated_at=float(row["updated_at"]),
+        next_attempt_at=row["next_attempt_at"],
+        delivered_at=row["delivered_at"],
+    )

@@ -1,0 +1,192 @@
+"""`switchboard` command line: run the services (operators' commands join later)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from switchboard.database import DatabaseSettings
+from switchboard.server import GrpcApp, ServerSettings, serve_until_signalled
+
+DEFAULT_DELIVERY_LISTEN = "127.0.0.1:50052"
+
+
+def _backoff(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[float, ...]:
+    try:
+        steps = tuple(float(step) for step in value.split(",") if step.strip())
+    except ValueError as exc:
+        raise click.BadParameter("use comma-separated seconds, e.g. 30,120") from exc
+    if not steps or any(step < 0 for step in steps):
+        raise click.BadParameter("give at least one non-negative delay")
+    return steps
+
+
+@click.group()
+@click.option(
+    "--log-level",
+    default="INFO",
+    envvar="SWITCHBOARD_LOG_LEVEL",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+def main(log_level: str) -> None:
+    """Switchboard: session and delivery backbone for AI-agent gateways."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+@main.command()
+@click.argument("which", type=click.Choice(["all", "delivery"]), default="all", required=False)
+@click.option(
+    "--data-dir",
+    default="var",
+    envvar="SWITCHBOARD_DATA_DIR",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where SQLite files live when no database URL is given.",
+)
+@click.option(
+    "--delivery-listen",
+    default=DEFAULT_DELIVERY_LISTEN,
+    envvar="SWITCHBOARD_DELIVERY_LISTEN",
+    show_default=True,
+    help="host:port for the DeliveryService (port 0 picks a free one).",
+)
+@click.option(
+    "--delivery-database-url",
+    default=None,
+    envvar="SWITCHBOARD_DELIVERY_DATABASE_URL",
+    help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
+    "[default: sqlite:///DATA_DIR/delivery.sqlite3]",
+)
+@click.option(
+    "--sqlite-synchronous",
+    default="FULL",
+    envvar="SWITCHBOARD_SQLITE_SYNCHRONOUS",
+    show_default=True,
+    type=click.Choice(["FULL", "NORMAL"]),
+    help="FULL survives power loss; NORMAL (WAL) only process crashes.",
+)
+@click.option("--db-pool-size", default=10, envvar="SWITCHBOARD_DB_POOL_SIZE", show_default=True)
+@click.option(
+    "--db-writer-threads",
+    default=4,
+    envvar="SWITCHBOARD_DB_WRITER_THREADS",
+    show_default=True,
+    help="Postgres writer threads (SQLite always has one writer).",
+)
+@click.option("--max-attempts", default=3, envvar="SWITCHBOARD_MAX_ATTEMPTS", show_default=True)
+@click.option(
+    "--stale-after",
+    default=86400.0,
+    envvar="SWITCHBOARD_STALE_AFTER_S",
+    show_default=True,
+    help="Seconds after recording when an undelivered reply is abandoned.",
+)
+@click.option(
+    "--retention",
+    default=604800.0,
+    envvar="SWITCHBOARD_RETENTION_S",
+    show_default=True,
+    help="Seconds terminal rows are kept before pruning.",
+)
+@click.option(
+    "--lease-ttl",
+    default=30.0,
+    envvar="SWITCHBOARD_LEASE_TTL_S",
+    show_default=True,
+    help="Default gateway lease in seconds.",
+)
+@click.option(
+    "--backoff",
+    default="30,120",
+    envvar="SWITCHBOARD_BACKOFF_S",
+    show_default=True,
+    callback=_backoff,
+    help="Retry delays in seconds by attempts spent; the last repeats.",
+)
+@click.option(
+    "--max-content-bytes",
+    default=256 * 1024,
+    envvar="SWITCHBOARD_MAX_CONTENT_BYTES",
+    show_default=True,
+)
+@click.option(
+    "--max-concurrent-rpcs",
+    default=None,
+    type=int,
+    envvar="SWITCHBOARD_MAX_CONCURRENT_RPCS",
+    help="Beyond this many calls at once, answer RESOURCE_EXHAUSTED.",
+)
+@click.option(
+    "--drain-grace",
+    default=10.0,
+    envvar="SWITCHBOARD_DRAIN_GRACE_S",
+    show_default=True,
+    help="Seconds in-flight calls get after SIGTERM.",
+)
+def serve(
+    which: str,
+    data_dir: Path,
+    delivery_listen: str,
+    delivery_database_url: str | None,
+    sqlite_synchronous: str,
+    db_pool_size: int,
+    db_writer_threads: int,
+    max_attempts: int,
+    stale_after: float,
+    retention: float,
+    lease_ttl: float,
+    backoff: tuple[float, ...],
+    max_content_bytes: int,
+    max_concurrent_rpcs: int | None,
+    drain_grace: float,
+) -> None:
+    """Run the services until SIGTERM or Ctrl-C (then drain and exit 0)."""
+    from delivery_service.app import DeliveryUnit
+    from delivery_service.state_machine import LedgerLimits
+
+    url = delivery_database_url or f"sqlite:///{(data_dir / 'delivery.sqlite3').resolve()}"
+    database = DatabaseSettings(
+        url=url,
+        sqlite_synchronous=sqlite_synchronous,  # type: ignore[arg-type]
+        pool_size=db_pool_size,
+        writer_threads=db_writer_threads,
+    )
+    limits = LedgerLimits(
+        max_attempts=max_attempts,
+        stale_after_s=stale_after,
+        retention_s=retention,
+        lease_ttl_s=lease_ttl,
+        backoff_s=backoff,
+        max_content_bytes=max_content_bytes,
+    )
+    server = ServerSettings(
+        listen=delivery_listen,
+        max_concurrent_rpcs=max_concurrent_rpcs,
+        drain_grace_s=drain_grace,
+    )
+    apps = [GrpcApp(DeliveryUnit(database, limits), server)]
+    urls = {id(apps[0]): _redacted(url)}
+
+    def announce(started: Sequence[GrpcApp]) -> None:
+        for app in started:
+            name = app.unit.service_name.rsplit(".", 1)[-1]
+            click.echo(f"switchboard: {name} listening on {app.address} ({urls[id(app)]})")
+        click.echo("switchboard: ready; Ctrl-C or SIGTERM drains and stops", nl=True)
+
+    asyncio.run(serve_until_signalled(apps, announce))
+
+
+def _redacted(url: str) -> str:
+    """The database URL without its password, for printing."""
+    if "@" in url and ":" in url.split("@", 1)[0].split("//", 1)[-1]:
+        scheme, rest = url.split("//", 1)
+        credentials, host = rest.split("@", 1)
+        return f"{scheme}//{credentials.split(':', 1)[0]}:***@{host}"
+    return url

@@ -1,0 +1,54 @@
+"""Domain errors shared by both services.
+
+The domain core raises these; it never imports gRPC. `switchboard.grpc_errors`
+is the one place that turns them into gRPC statuses. Every error carries a
+stable `reason` (UPPER_SNAKE_CASE) for programs and a message for people.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class DomainError(Exception):
+    """Base class: a request the domain refuses, with a reason and a message."""
+
+    def __init__(
+        self, reason: str, message: str, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+        self.metadata: dict[str, str] = dict(metadata or {})
+
+
+class InvalidArgument(DomainError):
+    """A request field is malformed; `field` names it (e.g. "session_key")."""
+
+    def __init__(self, field: str, message: str, reason: str = "INVALID_FIELD") -> None:
+        super().__init__(reason, f"{field}: {message}", {"field": field})
+        self.field = field
+
+
+class NotFound(DomainError):
+    """The named resource does not exist."""
+
+
+class AlreadyExists(DomainError):
+    """The resource to create exists already."""
+
+
+class FailedPrecondition(DomainError):
+    """The resource is not in a state that allows the request (e.g. a stale fence)."""
+
+
+class PermissionDenied(DomainError):
+    """The caller may not do this."""
+
+
+class OutOfRange(DomainError):
+    """The request points outside what is kept (e.g. below the retained log)."""
+
+
+class Aborted(DomainError):
+    """A concurrency conflict: re-read and retry."""

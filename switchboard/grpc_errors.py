@@ -1,0 +1,122 @@
+"""The one place where domain errors become gRPC statuses.
+
+`DomainErrorInterceptor` wraps every handler of an aio server: a `DomainError`
+becomes its status code with a `google.rpc.ErrorInfo` (stable reason) and, for
+invalid arguments, a `google.rpc.BadRequest` naming the field. Anything else is
+logged and answered INTERNAL, never UNKNOWN.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from switchboard import errors
+
+ERROR_DOMAIN = "switchboard"
+
+log = logging.getLogger(__name__)
+
+_STATUS_OF: dict[type[errors.DomainError], grpc.StatusCode] = {
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
+    errors.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
+    errors.Aborted: grpc.StatusCode.ABORTED,
+}
+
+
+def status_code_of(error: errors.DomainError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        if cls in _STATUS_OF:
+            return _STATUS_OF[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+def _packed(message: Any) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(message)
+    return packed
+
+
+def rich_status(error: errors.DomainError) -> grpc.Status:
+    code = status_code_of(error)
+    details = [
+        _packed(
+            error_details_pb2.ErrorInfo(
+                reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata
+            )
+        )
+    ]
+    if isinstance(error, errors.InvalidArgument):
+        violation = error_details_pb2.BadRequest.FieldViolation(
+            field=error.field, description=error.message
+        )
+        details.append(_packed(error_details_pb2.BadRequest(field_violations=[violation])))
+    status = status_pb2.Status(
+        code=getattr(code_pb2, code.name), message=error.message, details=details
+    )
+    return rpc_status.to_status(status)
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> None:
+    if isinstance(exc, errors.DomainError):
+        status = rich_status(exc)
+        await context.abort(status.code, status.details, status.trailing_metadata)
+    log.exception("unhandled error in handler", exc_info=exc)
+    await context.abort(grpc.StatusCode.INTERNAL, "internal error; the server log has details")
+
+
+def _wrap_unary(
+    behavior: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]],
+) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]:
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            return await behavior(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc)
+
+    return wrapped
+
+
+def _wrap_stream(
+    behavior: Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]],
+) -> Callable[[Any, grpc.aio.ServicerContext[Any, Any]], AsyncIterator[Any]]:
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            async for response in behavior(request, context):
+                yield response
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc)
+
+    return wrapped
+
+
+class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Maps domain errors raised by any handler to rich gRPC statuses."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.unary_unary is not None:
+            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary))  # type: ignore[attr-defined]
+        if handler.unary_stream is not None:
+            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream))  # type: ignore[attr-defined]
+        return handler

@@ -1,0 +1,130 @@
+"""One aio gRPC server per service: health, reflection, error mapping, graceful drain.
+
+The server model is `grpc.aio`: an idle stream costs a coroutine, not a worker
+thread, so one replica can hold hundreds of server-streaming watchers; storage
+calls run on the `TransactionRunner`'s threads, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from switchboard.grpc_errors import DomainErrorInterceptor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    listen: str = "127.0.0.1:0"
+    #: Largest request accepted by gRPC itself; content limits are checked by
+    #: the services so that an oversized field gets INVALID_ARGUMENT naming it.
+    max_message_bytes: int = 16 * 1024 * 1024
+    #: Calls beyond this many at once are answered RESOURCE_EXHAUSTED.
+    max_concurrent_rpcs: int | None = None
+    #: Seconds in-flight calls get to finish after SIGTERM.
+    drain_grace_s: float = 10.0
+    #: Connections are closed (gracefully) after this long, so that an L4
+    #: load balancer spreads long-lived HTTP/2 connections over new replicas.
+    max_connection_age_s: float = 300.0
+    keepalive_time_s: float = 30.0
+
+
+class ServiceUnit(Protocol):
+    """A service ready to be mounted on a server."""
+
+    #: Full gRPC service name, e.g. "switchboard.delivery.v1.DeliveryService".
+    service_name: str
+
+    def add_to_server(self, server: grpc.aio.Server) -> None: ...
+
+    def close(self) -> None:
+        """Releases storage after the server has drained."""
+        ...
+
+
+class GrpcApp:
+    """A started server hosting one service with health and reflection beside it."""
+
+    def __init__(self, unit: ServiceUnit, settings: ServerSettings) -> None:
+        self.unit = unit
+        self.settings = settings
+        self.port = 0
+        self.health: HealthServicer | None = None
+        self.server: grpc.aio.Server | None = None
+
+    async def start(self) -> int:
+        """Builds the server on the running event loop and starts listening."""
+        settings = self.settings
+        self.health = HealthServicer()
+        self.server = grpc.aio.server(
+            interceptors=[DomainErrorInterceptor()],
+            options=[
+                ("grpc.max_receive_message_length", settings.max_message_bytes),
+                ("grpc.max_send_message_length", settings.max_message_bytes),
+                ("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000)),
+                ("grpc.max_connection_age_grace_ms", int(settings.drain_grace_s * 1000)),
+                ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                ("grpc.so_reuseport", 0),
+            ],
+            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
+        )
+        self.unit.add_to_server(self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (
+                self.unit.service_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self.server,
+        )
+
+        self.port = self.server.add_insecure_port(settings.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {settings.listen}")
+        await self.server.start()
+        for name in ("", self.unit.service_name):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def stop(self) -> None:
+        """NOT_SERVING first (load balancers stop sending), then drain, then close storage."""
+        assert self.health is not None and self.server is not None, "stop() before start()"
+        await self.health.enter_graceful_shutdown()
+        await self.server.stop(self.settings.drain_grace_s)
+        await asyncio.to_thread(self.unit.close)
+
+    @property
+    def address(self) -> str:
+        host = self.settings.listen.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+
+async def serve_until_signalled(
+    apps: Sequence[GrpcApp], on_ready: Callable[[Sequence[GrpcApp]], None] | None = None
+) -> None:
+    """Starts the apps and runs until SIGTERM or SIGINT, then drains them all."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    for app in apps:
+        await app.start()
+    if on_ready is not None:
+        on_ready(apps)
+    await stop.wait()
+    log.info("signal received: draining")
+    await asyncio.gather(*(app.stop() for app in apps))

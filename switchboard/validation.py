@@ -1,0 +1,99 @@
+"""Field checks shared by both services; each failure names the field.
+
+Two kinds of identifiers are checked differently on purpose (Hermes' lesson):
+an identifier that may reach a file path or become a name is checked strictly
+(no "..", "/", "\\", drive letter), while a logical routing key is checked
+loosely, because Google Chat's `spaces/<id>/threads/<id>` keys legitimately
+contain "/".
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Mapping, Sequence
+
+from switchboard.errors import InvalidArgument
+
+# Strict ids refuse any "X:" prefix (Windows drive-relative paths like "C:x");
+# logical keys such as "s:abc" only refuse a real drive path ("C:", "C:\\", "C:/").
+_DRIVE_PREFIX = re.compile(r"^[A-Za-z]:")
+_DRIVE_PATH = re.compile(r"^[A-Za-z]:(?:[\\/]|$)")
+_PLATFORM = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+
+
+def _has_control_chars(value: str) -> bool:
+    return any(unicodedata.category(ch) in ("Cc", "Cf") for ch in value)
+
+
+def text(
+    field: str, value: str, *, max_len: int, required: bool = False, allow_newlines: bool = False
+) -> str:
+    """A human-readable string: bounded, no control characters."""
+    if required and not value:
+        raise InvalidArgument(field, "is required")
+    if len(value) > max_len:
+        raise InvalidArgument(field, f"is {len(value)} characters long; the limit is {max_len}")
+    checked = value.replace("\n", "").replace("\t", "") if allow_newlines else value
+    if _has_control_chars(checked):
+        raise InvalidArgument(field, "contains control characters")
+    return value
+
+
+def path_safe_id(field: str, value: str, *, max_len: int = 128, required: bool = True) -> str:
+    """An id that may reach a file path or become a name: strict."""
+    text(field, value, max_len=max_len, required=required)
+    if ".." in value or "/" in value or "\\" in value or _DRIVE_PREFIX.match(value):
+        raise InvalidArgument(
+            field, "must not contain '..', '/', '\\' or a drive letter", reason="UNSAFE_ID"
+        )
+    return value
+
+
+def routing_key(field: str, value: str, *, max_len: int = 512) -> str:
+    """A logical routing key: loose, '/' allowed inside."""
+    text(field, value, max_len=max_len, required=True)
+    if ".." in value or value.startswith(("/", "\\")) or _DRIVE_PATH.match(value):
+        raise InvalidArgument(
+            field,
+            "must not contain '..' or start with '/', '\\' or a drive letter",
+            reason="UNSAFE_KEY",
+        )
+    return value
+
+
+def platform(field: str, value: str) -> str:
+    if not _PLATFORM.match(value):
+        raise InvalidArgument(
+            field,
+            f"{value[:40]!r} is not a platform name (lower-case letters, digits and '_', "
+            "starting with a letter, at most 32)",
+        )
+    return value
+
+
+def platforms(field: str, values: Sequence[str], *, max_count: int = 64) -> tuple[str, ...]:
+    if len(values) > max_count:
+        raise InvalidArgument(field, f"has {len(values)} entries; the limit is {max_count}")
+    return tuple(sorted({platform(field, value) for value in values}))
+
+
+def string_map(
+    field: str, values: Mapping[str, str], *, max_entries: int = 32, max_value_len: int = 4096
+) -> dict[str, str]:
+    if len(values) > max_entries:
+        raise InvalidArgument(field, f"has {len(values)} entries; the limit is {max_entries}")
+    for key, value in values.items():
+        text(f"{field}[{key[:40]!r}]", key, max_len=64, required=True)
+        text(f"{field}[{key[:40]!r}]", value, max_len=max_value_len, allow_newlines=True)
+    return dict(values)
+
+
+def seconds(
+    field: str, value: float, *, minimum: float = 0.0, maximum: float | None = None
+) -> float:
+    if value < minimum:
+        raise InvalidArgument(field, f"must be at least {minimum:g} s")
+    if maximum is not None and value > maximum:
+        raise InvalidArgument(field, f"must be at most {maximum:g} s")
+    return value
