@@ -232,9 +232,13 @@ class LedgerStore:
         live_owner = inst.select(SQL("1")).where(
             (inst.id == obl.owner_instance_id) & (inst.lease_expires_at > now)
         )
-        return obl.state.in_([s.value for s in OWED]) & (
-            ~fn.EXISTS(live_owner)
-            | ((obl.state == State.FAILED.value) & (obl.next_attempt_at <= now))
+        return cast(
+            peewee.Expression,
+            obl.state.in_([s.value for s in OWED])
+            & (
+                ~fn.EXISTS(live_owner)
+                | ((obl.state == State.FAILED.value) & (obl.next_attempt_at <= now))
+            ),
         )
 
     def abandon_exhausted(self, now: float) -> int:
@@ -265,11 +269,10 @@ class LedgerStore:
 
     def count_gated(self, now: float, deliverable: Sequence[str]) -> int:
         obl = self.Obligation
-        return cast(
-            int,
+        return (
             obl.select()
             .where(self._recoverable(now) & obl.platform.not_in(list(deliverable)))
-            .count(),
+            .count()
         )
 
     def find_claimable(
@@ -287,7 +290,7 @@ class LedgerStore:
             .limit(limit)
         )
         if self.backend.skip_locked:
-            query = query.for_update("FOR UPDATE SKIP LOCKED")
+            query = query.for_update(skip_locked=True)
         return [(row.id, row.state, row.fence) for row in query]
 
     def claim(
@@ -340,28 +343,30 @@ class LedgerStore:
         if after is not None:
             query = query.where(peewee.Tuple(obl.created_at, obl.id) > peewee.Tuple(*after))
         query = query.order_by(obl.created_at, obl.id).limit(limit)
-        return [_obligation_from(row) for row in query.dicts()]
+        return [_obligation_from(cast(dict[str, Any], row)) for row in query.dicts()]
 
     def stats(self, now: float) -> LedgerStats:
         obl = self.Obligation
         counts = dict.fromkeys(State, 0)
-        for row in obl.select(obl.state, fn.COUNT(obl.id).alias("n")).group_by(obl.state).dicts():
-            counts[State(row["state"])] = int(row["n"])
+        by_state = obl.select(obl.state, fn.COUNT(obl.id).alias("n")).group_by(obl.state)
+        for state, count in cast(Iterable[tuple[str, int]], by_state.tuples()):
+            counts[State(state)] = int(count)
         oldest = obl.select(fn.MIN(obl.created_at)).where(obl.state == State.PENDING.value).scalar()
         recoverable = self._recoverable(now)
         in_doubt = obl.select().where(recoverable & (obl.state == State.ATTEMPTING.value)).count()
         live = self.live_instances(now)
         connected = {platform for instance in live for platform in instance.platforms}
         gated: dict[str, int] = {}
-        per_platform = (
-            obl.select(obl.platform, fn.COUNT(obl.id).alias("n"))
+        per_platform = cast(
+            Iterable[tuple[str, int]],
+            obl.select(obl.platform, fn.COUNT(obl.id))
             .where(recoverable)
             .group_by(obl.platform)
-            .dicts()
+            .tuples(),
         )
-        for row in per_platform:
-            if row["platform"] not in connected:
-                gated[row["platform"]] = int(row["n"])
+        for platform, count in per_platform:
+            if platform not in connected:
+                gated[platform] = int(count)
         return LedgerStats(
             state_counts=counts,
             oldest_pending_age_s=max(0.0, now - float(oldest)) if oldest is not None else 0.0,

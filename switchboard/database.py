@@ -53,12 +53,14 @@ class DatabaseSettings:
 class Backend(Protocol):
     """What differs between SQLite and Postgres."""
 
-    database: peewee.Database
     name: str
     #: Whether `SELECT … FOR UPDATE SKIP LOCKED` exists (Postgres) or writers
     #: are serialized by the database lock anyway (SQLite).
     skip_locked: bool
     writer_threads: int
+
+    @property
+    def database(self) -> peewee.Database: ...
 
     def write_transaction(self) -> AbstractContextManager[Any]: ...
 
@@ -91,7 +93,8 @@ class SqliteBackend:
     def write_transaction(self) -> AbstractContextManager[Any]:
         # IMMEDIATE takes the write lock up front, so two processes never
         # deadlock upgrading a read lock ("database is locked").
-        return self.database.atomic("IMMEDIATE")  # type: ignore[no-any-return]
+        transaction: AbstractContextManager[Any] = self.database.atomic("IMMEDIATE")
+        return transaction
 
     def now(self) -> float:
         # SQLite has no server: the database's clock is this host's clock.
@@ -118,7 +121,8 @@ class PostgresBackend:
         )
 
     def write_transaction(self) -> AbstractContextManager[Any]:
-        return self.database.atomic()  # type: ignore[no-any-return]
+        transaction: AbstractContextManager[Any] = self.database.atomic()
+        return transaction
 
     def now(self) -> float:
         # The database's clock, so replicas with skewed clocks agree on leases.

@@ -64,7 +64,8 @@ def rich_status(error: errors.DomainError) -> grpc.Status:
     status = status_pb2.Status(
         code=getattr(code_pb2, code.name), message=error.message, details=details
     )
-    return rpc_status.to_status(status)
+    converted: grpc.Status = rpc_status.to_status(status)
+    return converted
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: Exception) -> None:
@@ -109,14 +110,24 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         if handler is None:
-            return handler
+            return None
         if handler.unary_unary is not None:
-            return handler._replace(unary_unary=_wrap_unary(handler.unary_unary))  # type: ignore[attr-defined]
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary),  # type: ignore[arg-type]
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
         if handler.unary_stream is not None:
-            return handler._replace(unary_stream=_wrap_stream(handler.unary_stream))  # type: ignore[attr-defined]
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream),  # type: ignore[arg-type]
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
         return handler

@@ -119,7 +119,9 @@ class Gateway:
             )
         ).instance.instance_id
 
-    def record(self, content: str = "the final answer", **fields: Any) -> pb.RecordObligationResponse:
+    def record(
+        self, content: str = "the final answer", **fields: Any
+    ) -> pb.RecordObligationResponse:
         request = {
             "session_key": "agent:main:slack:channel:C1",
             "message_ref": "m1",
@@ -214,11 +216,19 @@ class ServerProcess:
     def start(self, timeout_s: float = 30.0) -> str:
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "switchboard", "serve", "delivery",
-                "--delivery-listen", "127.0.0.1:0",
-                "--delivery-database-url", self.url,
-                "--data-dir", str(self.data_dir),
-                "--drain-grace", "5",
+                sys.executable,
+                "-m",
+                "switchboard",
+                "serve",
+                "delivery",
+                "--delivery-listen",
+                "127.0.0.1:0",
+                "--delivery-database-url",
+                self.url,
+                "--data-dir",
+                str(self.data_dir),
+                "--drain-grace",
+                "5",
                 *self.extra,
             ],
             stdout=subprocess.PIPE,

@@ -9,7 +9,7 @@ from grpc_status import rpc_status
 
 def error_details(error: grpc.RpcError) -> tuple[error_details_pb2.ErrorInfo, list[str]]:
     """The ErrorInfo and the BadRequest field names carried by an error."""
-    status = rpc_status.from_call(error)  # type: ignore[arg-type]
+    status = rpc_status.from_call(error)
     assert status is not None, f"no rich status on {error!r}"
     info = error_details_pb2.ErrorInfo()
     fields: list[str] = []
@@ -24,4 +24,4 @@ def error_details(error: grpc.RpcError) -> tuple[error_details_pb2.ErrorInfo, li
 
 
 def error_reason(error: grpc.RpcError) -> str:
-    return error_details(error)[0].reason
+    return str(error_details(error)[0].reason)

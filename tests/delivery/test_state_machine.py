@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
 from delivery_service.records import compute_obligation_id
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
@@ -154,15 +155,16 @@ def test_retryable_failure_schedules_backoff_then_120s(delivery: InProcessDelive
     rescuer = Gateway(delivery.stub)
     claimed = next(c for c in rescuer.claim().obligations if c.id == second.id)
     failed_again = rescuer.failed(claimed, error="503 again")
-    delay = failed_again.next_attempt_time.ToNanoseconds() - failed_again.update_time.ToNanoseconds()
+    delay = (
+        failed_again.next_attempt_time.ToNanoseconds() - failed_again.update_time.ToNanoseconds()
+    )
     assert delay == 120 * 10**9
 
 
 def test_retry_after_overrides_the_backoff(delivery: InProcessDelivery) -> None:
     gateway = Gateway(delivery.stub)
     row = gateway.attempting(gateway.record().obligation)
-    request_extra = {"retry_after": pb.google_dot_protobuf_dot_duration__pb2.Duration(seconds=7)}
-    failed = gateway.failed(row, error="429 flood", **request_extra)
+    failed = gateway.failed(row, error="429 flood", retry_after=Duration(seconds=7))
     delay = failed.next_attempt_time.ToNanoseconds() - failed.update_time.ToNanoseconds()
     assert delay == 7 * 10**9
 
