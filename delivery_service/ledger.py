@@ -259,9 +259,10 @@ class Ledger:
             if deliverable is None
             else validation.platforms("deliverable_platforms", deliverable)
         )
-        if limit < 0 or limit > MAX_CLAIM_LIMIT:
-            raise InvalidArgument("limit", f"must be between 0 and {MAX_CLAIM_LIMIT}")
-        limit = limit or self.limits.default_claim_limit
+        if limit < 0:
+            raise InvalidArgument("limit", "must not be negative")
+        # Like page_size: 0 is the default, more than the maximum is served as the maximum.
+        limit = min(limit or self.limits.default_claim_limit, MAX_CLAIM_LIMIT)
 
         def op(now: float) -> ClaimResult:
             caller = _require_live(self.store.get_instance(instance_id), instance_id, now)

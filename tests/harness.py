@@ -170,6 +170,7 @@ class Gateway:
     ) -> pb.ClaimRecoverableResponse:
         request = pb.ClaimRecoverableRequest(instance_id=self.instance_id, limit=limit)
         if platforms is not None:
+            request.deliverable_platforms.SetInParent()  # an empty set is still a set
             request.deliverable_platforms.platforms.extend(platforms)
         return self.stub.ClaimRecoverable(request)
 

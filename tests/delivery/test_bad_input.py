@@ -71,12 +71,6 @@ INVALID: dict[str, tuple[Call, str]] = {
     ),
     "unknown state filter": (_list(state=99), "state"),
     "garbage page token": (_list(page_token="not-a-token"), "page_token"),
-    "claim limit too large": (
-        lambda stub, g, _r: stub.ClaimRecoverable(
-            pb.ClaimRecoverableRequest(instance_id=g.instance_id, limit=100_000)
-        ),
-        "limit",
-    ),
     "unknown platform in claim": (
         lambda stub, g, _r: stub.ClaimRecoverable(
             pb.ClaimRecoverableRequest(

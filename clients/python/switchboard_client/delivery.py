@@ -1,0 +1,383 @@
+"""A typed, synchronous client for the DeliveryService (the delivery ledger).
+
+A gateway records every final reply before sending it, marks it attempting and
+delivered around the platform send, and on start claims what dead instances
+left owed. This client wraps the generated stub so that every call has a
+deadline, transient outages of idempotent calls are retried by gRPC itself, and
+every failure surfaces as one exception type, `SwitchboardError`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import grpc
+from google.protobuf import duration_pb2
+
+from switchboard.delivery.v1 import delivery_service_pb2 as pb
+from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
+from switchboard_client.errors import SwitchboardError, from_rpc_error
+
+log = logging.getLogger("switchboard_client")
+
+SERVICE_NAME = "switchboard.delivery.v1.DeliveryService"
+
+#: Methods safe to send twice: the server applies them at most once (ids are content
+#: hashes, marks are fenced and idempotent for the holder, reads change nothing).
+RETRYABLE_METHODS: tuple[str, ...] = (
+    "Heartbeat",
+    "DeregisterInstance",
+    "RecordObligation",
+    "MarkAttempting",
+    "MarkDelivered",
+    "MarkFailed",
+    "GetObligation",
+    "ListObligations",
+    "GetLedgerStats",
+    "AbandonObligation",
+    "PruneObligations",
+)
+# Never retried: RegisterInstance (a retry registers a second instance),
+# ClaimRecoverable (a retry claims more rows and bumps attempts) and
+# RetryObligation (a retry resets a row a concurrent claim may already hold).
+
+#: Ceiling for any call on a channel built from this config; the per-call deadline
+#: (`timeout_s`) is normally shorter and wins. A larger `timeout_s` is capped here.
+MAX_CALL_TIMEOUT = "30s"
+
+#: gRPC service config: a timeout for every method of the service (the nameless
+#: entry covers methods added later, which stay unretried until reviewed) and a
+#: retry on UNAVAILABLE for the idempotent methods only.
+SERVICE_CONFIG: dict[str, Any] = {
+    "methodConfig": [
+        {
+            "name": [{"service": SERVICE_NAME}],
+            "timeout": MAX_CALL_TIMEOUT,
+        },
+        {
+            "name": [{"service": SERVICE_NAME, "method": method} for method in RETRYABLE_METHODS],
+            "timeout": MAX_CALL_TIMEOUT,
+            "retryPolicy": {
+                "maxAttempts": 4,
+                "initialBackoff": "0.1s",
+                "maxBackoff": "2s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        },
+    ]
+}
+
+_Request = TypeVar("_Request")
+_Response = TypeVar("_Response")
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    value = duration_pb2.Duration()
+    value.FromNanoseconds(round(seconds * 1e9))
+    return value
+
+
+class DeliveryClient:
+    """The DeliveryService for one gateway process (thread-safe, like its channel).
+
+    Every method raises `SwitchboardError` on failure, except `record_best_effort`,
+    which never raises.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout_s: float = 5.0,
+        best_effort_timeout_s: float = 2.0,
+        channel: grpc.Channel | None = None,
+    ) -> None:
+        """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors).
+
+        A channel passed in stays the caller's: `close()` leaves it open.
+        """
+        self.timeout_s = timeout_s
+        self.best_effort_timeout_s = best_effort_timeout_s
+        self._owns_channel = channel is None
+        self._channel = (
+            channel
+            if channel is not None
+            else grpc.insecure_channel(
+                target,
+                options=[
+                    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+                    ("grpc.enable_retries", 1),
+                ],
+            )
+        )
+        self._stub = pb_grpc.DeliveryServiceStub(self._channel)
+
+    def close(self) -> None:
+        """Closes the channel this client created (not one passed in)."""
+        if self._owns_channel:
+            self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _call(
+        self,
+        method: grpc.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        timeout_s: float | None = None,
+    ) -> _Response:
+        """Every call gets a deadline: a hung server must never hang a gateway."""
+        try:
+            return method(request, timeout=self.timeout_s if timeout_s is None else timeout_s)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+
+    # -- gateway instances ----------------------------------------------------------------
+
+    def register(
+        self,
+        gateway_name: str,
+        platforms: Sequence[str],
+        *,
+        host: str | None = None,
+        pid: int | None = None,
+        lease_ttl_s: float | None = None,
+    ) -> pb.Instance:
+        """Registers this process start; call once per process, never on a retry loop.
+
+        `host` and `pid` default to this host and this process, read at call time
+        (so a forked worker reports its own pid). `lease_ttl_s` None takes the
+        server's default lease.
+        """
+        request = pb.RegisterInstanceRequest(
+            gateway_name=gateway_name,
+            host=socket.gethostname() if host is None else host,
+            pid=os.getpid() if pid is None else pid,
+            platforms=platforms,
+        )
+        if lease_ttl_s is not None:
+            request.lease_ttl.CopyFrom(_duration(lease_ttl_s))
+        return self._call(self._stub.RegisterInstance, request).instance
+
+    def heartbeat(self, instance_id: str, platforms: Sequence[str]) -> pb.Instance:
+        """Extends the lease; `platforms` replaces the connected set (it gates claims)."""
+        request = pb.HeartbeatRequest(instance_id=instance_id, platforms=platforms)
+        return self._call(self._stub.Heartbeat, request).instance
+
+    def deregister(self, instance_id: str) -> pb.Instance:
+        """Graceful stop: this instance's unfinished rows become claimable at once."""
+        request = pb.DeregisterInstanceRequest(instance_id=instance_id)
+        return self._call(self._stub.DeregisterInstance, request).instance
+
+    # -- the send path --------------------------------------------------------------------
+
+    def record(
+        self,
+        instance_id: str,
+        *,
+        session_key: str,
+        content: str,
+        platform: str,
+        chat_id: str,
+        message_ref: str = "",
+        thread_id: str = "",
+        metadata: Mapping[str, str] | None = None,
+    ) -> pb.RecordObligationResponse:
+        """Records a reply as owed before sending it; recording it again is harmless.
+
+        Decide what to do from the returned row (state, owner_instance_id), not from
+        `created`: a retried call whose first attempt did store the row reports
+        created=False while this instance still holds it.
+        """
+        request = pb.RecordObligationRequest(
+            instance_id=instance_id,
+            session_key=session_key,
+            message_ref=message_ref,
+            content=content,
+            platform=platform,
+            chat_id=chat_id,
+            thread_id=thread_id,
+            metadata=metadata or {},
+        )
+        return self._call(self._stub.RecordObligation, request)
+
+    def record_best_effort(
+        self,
+        instance_id: str,
+        *,
+        session_key: str,
+        content: str,
+        platform: str,
+        chat_id: str,
+        message_ref: str = "",
+        thread_id: str = "",
+        metadata: Mapping[str, str] | None = None,
+    ) -> pb.RecordObligationResponse | None:
+        """`record` for the send path: the ledger must never block or break a send.
+
+        Uses the short `best_effort_timeout_s` deadline; on any failure it logs a
+        warning and returns None, and the caller sends the reply unrecorded.
+        """
+        try:
+            request = pb.RecordObligationRequest(
+                instance_id=instance_id,
+                session_key=session_key,
+                message_ref=message_ref,
+                content=content,
+                platform=platform,
+                chat_id=chat_id,
+                thread_id=thread_id,
+                metadata=metadata or {},
+            )
+            return self._call(self._stub.RecordObligation, request, self.best_effort_timeout_s)
+        except Exception as exc:
+            # Content is left out of the log on purpose: it is the user's message.
+            log.warning(
+                "delivery ledger: reply not recorded, sending it unrecorded "
+                "(session_key=%r, platform=%r): %s",
+                session_key,
+                platform,
+                exc,
+            )
+            return None
+
+    def mark_attempting(self, instance_id: str, obligation: pb.Obligation) -> pb.Obligation:
+        """Just before the platform send: from now on a crash means "maybe sent"."""
+        request = pb.MarkAttemptingRequest(
+            obligation_id=obligation.id, instance_id=instance_id, fence=obligation.fence
+        )
+        return self._call(self._stub.MarkAttempting, request).obligation
+
+    def mark_delivered(
+        self, instance_id: str, obligation: pb.Obligation, platform_message_id: str = ""
+    ) -> pb.Obligation:
+        """The platform accepted the message; the row is done."""
+        request = pb.MarkDeliveredRequest(
+            obligation_id=obligation.id,
+            instance_id=instance_id,
+            fence=obligation.fence,
+            platform_message_id=platform_message_id,
+        )
+        return self._call(self._stub.MarkDelivered, request).obligation
+
+    def mark_failed(
+        self,
+        instance_id: str,
+        obligation: pb.Obligation,
+        error: str,
+        *,
+        retryable: bool,
+        retry_after_s: float | None = None,
+    ) -> pb.Obligation:
+        """The send failed: retryable rows come back via claims, others are abandoned.
+
+        `retry_after_s` carries a platform's flood-control delay (HTTP 429);
+        None uses the server's backoff schedule.
+        """
+        request = pb.MarkFailedRequest(
+            obligation_id=obligation.id,
+            instance_id=instance_id,
+            fence=obligation.fence,
+            error=error,
+            retryable=retryable,
+        )
+        if retry_after_s is not None:
+            request.retry_after.CopyFrom(_duration(retry_after_s))
+        return self._call(self._stub.MarkFailed, request).obligation
+
+    def claim_recoverable(
+        self,
+        instance_id: str,
+        *,
+        deliverable_platforms: Sequence[str] | None = None,
+        limit: int = 0,
+    ) -> pb.ClaimRecoverableResponse:
+        """Takes over owed rows of dead instances (and due retries) for redelivery.
+
+        `deliverable_platforms` None uses the platforms of this instance's latest
+        heartbeat; an empty sequence means "none right now" (nothing is claimed).
+        A claimed row with `needs_marker` may have reached the platform already.
+        """
+        request = pb.ClaimRecoverableRequest(instance_id=instance_id, limit=limit)
+        if deliverable_platforms is not None:
+            # SetInParent: an empty set must still be sent as a present (empty) message.
+            request.deliverable_platforms.SetInParent()
+            request.deliverable_platforms.platforms.extend(deliverable_platforms)
+        return self._call(self._stub.ClaimRecoverable, request)
+
+    # -- operators ------------------------------------------------------------------------
+
+    def get(self, obligation_id: str) -> pb.Obligation:
+        """Reads one obligation."""
+        request = pb.GetObligationRequest(obligation_id=obligation_id)
+        return self._call(self._stub.GetObligation, request).obligation
+
+    def list(
+        self,
+        *,
+        state: pb.ObligationState.ValueType = pb.OBLIGATION_STATE_UNSPECIFIED,
+        platform: str = "",
+        session_key: str = "",
+        owner_instance_id: str = "",
+        page_size: int = 0,
+    ) -> Iterator[pb.Obligation]:
+        """Every matching row, oldest first, fetching pages lazily as iteration goes.
+
+        Each page is its own call with its own deadline; `page_size` 0 takes the
+        server's default.
+        """
+        request = pb.ListObligationsRequest(
+            state=state,
+            platform=platform,
+            session_key=session_key,
+            owner_instance_id=owner_instance_id,
+            page_size=page_size,
+        )
+        while True:
+            page = self._call(self._stub.ListObligations, request)
+            yield from page.obligations
+            if not page.next_page_token:
+                return
+            request.page_token = page.next_page_token
+
+    def retry(self, obligation_id: str) -> pb.Obligation:
+        """Operator action: makes a FAILED or ABANDONED row due now, attempts reset."""
+        request = pb.RetryObligationRequest(obligation_id=obligation_id)
+        return self._call(self._stub.RetryObligation, request).obligation
+
+    def abandon(self, obligation_id: str, reason: str = "") -> pb.Obligation:
+        """Operator action: gives up on a row that is still owed."""
+        request = pb.AbandonObligationRequest(obligation_id=obligation_id, reason=reason)
+        return self._call(self._stub.AbandonObligation, request).obligation
+
+    def stats(self) -> pb.GetLedgerStatsResponse:
+        """Ledger health: counts per state, oldest pending age, rows in doubt, gated rows."""
+        return self._call(self._stub.GetLedgerStats, pb.GetLedgerStatsRequest())
+
+    def prune(self, older_than_s: float | None = None) -> int:
+        """Deletes terminal rows older than `older_than_s` (None or 0: server retention).
+
+        Returns how many rows were deleted.
+        """
+        request = pb.PruneObligationsRequest()
+        if older_than_s is not None:
+            request.older_than.CopyFrom(_duration(older_than_s))
+        return self._call(self._stub.PruneObligations, request).pruned_count
+
+
+__all__ = ["RETRYABLE_METHODS", "SERVICE_CONFIG", "DeliveryClient", "SwitchboardError"]

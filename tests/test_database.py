@@ -1,0 +1,82 @@
+"""The storage foundation: SQLite pragmas, IMMEDIATE writes, group commit isolation."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from switchboard.database import DatabaseSettings, TransactionRunner, open_backend
+from switchboard.errors import FailedPrecondition
+
+
+def test_sqlite_is_wal_full_sync_with_a_busy_timeout(tmp_path: Path) -> None:
+    backend = open_backend(DatabaseSettings(url=f"sqlite:///{tmp_path / 'x.sqlite3'}"))
+    database: Any = backend.database
+    with database.connection_context():
+        assert database.execute_sql("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert database.execute_sql("PRAGMA synchronous").fetchone() == (2,)  # FULL
+        assert database.execute_sql("PRAGMA busy_timeout").fetchone() == (5000,)
+
+
+def test_sqlite_write_transactions_take_the_write_lock_at_begin(tmp_path: Path) -> None:
+    path = tmp_path / "x.sqlite3"
+    backend = open_backend(DatabaseSettings(url=f"sqlite:///{path}"))
+    other = sqlite3.connect(path, timeout=0, isolation_level=None)
+    # Nothing is written inside, yet a second writer is already shut out: no
+    # deferred lock upgrade can deadlock into "database is locked" later.
+    with (
+        backend.database.connection_context(),
+        backend.write_transaction(),
+        pytest.raises(sqlite3.OperationalError, match="locked"),
+    ):
+        other.execute("BEGIN IMMEDIATE")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("ROLLBACK")
+    other.close()
+
+
+def test_group_commit_rolls_back_only_the_refused_operation(database_url: str) -> None:
+    settings = DatabaseSettings(url=database_url)
+    backend = open_backend(settings)
+    database: Any = backend.database
+    with database.connection_context():
+        database.execute_sql("CREATE TABLE gc_probe (tag VARCHAR(16) PRIMARY KEY)")
+    runner = TransactionRunner(backend, settings)
+
+    def insert(tag: str, refuse: bool = False, crash: bool = False) -> Any:
+        def op(_now: float) -> str:
+            database.execute_sql("INSERT INTO gc_probe (tag) VALUES (%s)" % ("'" + tag + "'"))
+            if refuse:
+                raise FailedPrecondition("TEST", "refused after writing")
+            if crash:
+                raise RuntimeError("a bug after writing")
+            return tag
+
+        return runner.submit_write(op)
+
+    try:
+        futures = [
+            insert("a"),
+            insert("b", refuse=True),
+            insert("c"),
+            insert("d", crash=True),
+            insert("e"),
+        ]
+        assert futures[0].result(30) == "a"
+        with pytest.raises(FailedPrecondition):
+            futures[1].result(30)
+        assert futures[2].result(30) == "c"
+        with pytest.raises(RuntimeError):
+            futures[3].result(30)
+        assert futures[4].result(30) == "e"
+        stored = runner.submit_read(
+            lambda: [
+                row[0] for row in database.execute_sql("SELECT tag FROM gc_probe ORDER BY tag")
+            ]
+        ).result(30)
+        assert stored == ["a", "c", "e"]
+    finally:
+        runner.close()
