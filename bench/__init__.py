@@ -1,0 +1,6 @@
+"""Benchmarks for Switchboard (not tests): run with `python -m bench`.
+
+`bench.delivery_cycle` drives the delivery ledger's send path over gRPC,
+`bench.baseline` measures raw database floors of the same transactions, and
+`bench.runner` starts servers, runs both and prints the comparison.
+"""

@@ -1,0 +1,5 @@
+"""`python -m bench`: the delivery-cycle benchmark."""
+
+from bench.runner import main
+
+raise SystemExit(main())
