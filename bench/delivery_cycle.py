@@ -65,7 +65,10 @@ async def _client(
     tag: str,
     measure_from: float,
     stop_at: float,
+    begin_attempt: bool = False,
 ) -> ClientResult:
+    """`begin_attempt` records straight into ATTEMPTING: the same three
+    transitions in two RPCs (RecordObligation.begin_attempt)."""
     result = ClientResult()
     try:
         registered = await stub.RegisterInstance(
@@ -94,18 +97,20 @@ async def _client(
                     platform="slack",
                     chat_id=f"C{client}",
                     thread_id="171.001",
+                    begin_attempt=begin_attempt,
                 ),
                 timeout=RPC_TIMEOUT_S,
             )
             row = recorded.obligation
             if not recorded.created:
                 raise RuntimeError(f"obligation {row.id} existed already: contents not unique")
-            await stub.MarkAttempting(
-                pb.MarkAttemptingRequest(
-                    obligation_id=row.id, instance_id=instance_id, fence=row.fence
-                ),
-                timeout=RPC_TIMEOUT_S,
-            )
+            if not begin_attempt:
+                await stub.MarkAttempting(
+                    pb.MarkAttemptingRequest(
+                        obligation_id=row.id, instance_id=instance_id, fence=row.fence
+                    ),
+                    timeout=RPC_TIMEOUT_S,
+                )
             delivered = await stub.MarkDelivered(
                 pb.MarkDeliveredRequest(
                     obligation_id=row.id,
@@ -184,7 +189,8 @@ async def run(
             ]
         else:
             coroutines = [
-                _client(stubs[n % channels], n, tag, measure_from, stop_at) for n in range(clients)
+                _client(stubs[n % channels], n, tag, measure_from, stop_at, rpc == "cycle2")
+                for n in range(clients)
             ]
         results = await asyncio.wait_for(
             asyncio.gather(*coroutines),
@@ -205,6 +211,8 @@ async def run(
         errors=sum(result.errors for result in results),
         channels=channels,
     )
+    if rpc == "cycle2":
+        measurement.rpcs_per_cycle = 2
     measurement.extra = {
         "loadgen_cpu_s": round(cpu, 3),
         "loadgen_wall_s": round(wall, 3),
@@ -223,9 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument(
         "--rpc",
-        choices=("cycle", "noop"),
+        choices=("cycle", "cycle2", "noop"),
         default="cycle",
-        help="cycle: record/attempting/delivered; noop: 3 x Health/Check (gRPC ceiling)",
+        help="cycle: record/attempting/delivered (3 RPCs); cycle2: the same in 2 RPCs "
+        "(record with begin_attempt, delivered); noop: 3 x Health/Check (gRPC ceiling)",
     )
     args = parser.parse_args(argv)
     if args.clients < 1 or args.channels < 1 or args.seconds <= 0 or args.warmup < 0:

@@ -171,6 +171,11 @@ def measure_config(
             runs.append(measurement)
             log(f"[{config.key}] {_describe(measurement)}")
         kept_concurrent = max(runs[1:], key=lambda m: m.cycles_per_s)
+        two_rpc = run_load(
+            srv, CONCURRENT_CLIENTS, kept_concurrent.channels, seconds, warmup_s, rpc="cycle2"
+        )
+        two_rpc.name = f"{config.label}, 2 RPCs"
+        log(f"[{config.key}] 2-RPC cycle (begin_attempt) {_describe(two_rpc)}")
         if noop:
             for clients in (1, CONCURRENT_CLIENTS):
                 channels = 1 if clients == 1 else kept_concurrent.channels
@@ -184,7 +189,7 @@ def measure_config(
     return {
         "config": config.key,
         "runs": runs,
-        "kept": [runs[0], kept_concurrent],
+        "kept": [runs[0], kept_concurrent, two_rpc],
         "ceiling": ceiling,
         "profile": profile_text,
     }
@@ -315,7 +320,7 @@ def table_rows(
             ratio = _ratio(m.cycles_per_s, floor, f"sqlite {config.sqlite_sync} floor")
             if config.key == "postgres":
                 ratio += "; " + _ratio(m.cycles_per_s, pg_floor, "psycopg2 floor")
-            rows.append((m, f"{config.label} (gRPC)", ratio))
+            rows.append((m, f"{m.name} (gRPC)", ratio))
     for result in results:
         for m in result["ceiling"]:
             rows.append((m, "gRPC no-op (3x Health/Check)", "no database: gRPC ceiling"))

@@ -32,6 +32,7 @@ class Measurement:
     mean_ms: float
     errors: int = 0
     channels: int = 0
+    rpcs_per_cycle: int = STEPS_PER_CYCLE
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -40,7 +41,7 @@ class Measurement:
 
     @property
     def rpcs_per_s(self) -> float:
-        return self.cycles_per_s * STEPS_PER_CYCLE
+        return self.cycles_per_s * self.rpcs_per_cycle
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from delivery_service.records import (
@@ -147,37 +147,43 @@ class Ledger:
         validation.string_map("metadata", new.metadata)
         return new
 
-    async def record(self, instance_id: str, new: NewObligation) -> tuple[Obligation, bool]:
-        """Records a reply as owed; returns the row and whether this call created it."""
+    async def record(
+        self, instance_id: str, new: NewObligation, begin_attempt: bool = False
+    ) -> tuple[Obligation, bool]:
+        """Records a reply as owed; returns the row and whether this call created it.
+
+        `begin_attempt` records it straight into ATTEMPTING, for a caller about to
+        send: one round trip instead of record + MarkAttempting.
+        """
         _instance_id(instance_id)
         self._validated(new)
+        state = State.ATTEMPTING if begin_attempt else State.PENDING
 
         def op(now: float) -> tuple[Obligation, bool]:
-            _require_live(self.store.get_instance(instance_id), instance_id, now)
-            created = self.store.insert_if_absent(now, new, instance_id)
+            created = self.store.insert_if_live(now, new, instance_id, state)
             if created is not None:
                 return created, True
-            existing = self.store.get(new.id)
-            assert existing is not None, "insert was ignored, so the row exists"
-            return existing, False
+            _require_live(self.store.get_instance(instance_id), instance_id, now)
+            return self._existing(new.id), False
 
         return await self.runner.write(op)
 
     async def mark_attempting(self, obligation_id: str, instance_id: str, fence: int) -> Obligation:
-        return await self._holder_transition(
-            obligation_id, _holder(instance_id, fence), State.ATTEMPTING, lambda _row, _now: {}
-        )
+        holder = _holder(instance_id, fence)
+        return await self._holder_transition(obligation_id, holder, State.ATTEMPTING, {})
 
     async def mark_delivered(
         self, obligation_id: str, instance_id: str, fence: int, platform_message_id: str
     ) -> Obligation:
         validation.text("platform_message_id", platform_message_id, max_len=256)
         holder = _holder(instance_id, fence)
-
-        def changes(_row: Obligation, now: float) -> dict[str, Any]:
-            return {"platform_message_id": platform_message_id, "delivered_at": now}
-
-        return await self._holder_transition(obligation_id, holder, State.DELIVERED, changes)
+        return await self._holder_transition(
+            obligation_id,
+            holder,
+            State.DELIVERED,
+            {"platform_message_id": platform_message_id},
+            stamp_delivered=True,
+        )
 
     async def mark_failed(
         self,
@@ -188,59 +194,70 @@ class Ledger:
         retryable: bool,
         retry_after_s: float | None,
     ) -> Obligation:
+        """A retryable failure waits `retry_after_s`, or the backoff step for the
+        attempts spent; a permanent one abandons the row."""
         validation.text("error", error, max_len=4096, allow_newlines=True)
         if retry_after_s is not None:
             validation.seconds("retry_after", retry_after_s, maximum=MAX_RETRY_AFTER_S)
         holder = _holder(instance_id, fence)
-        if not retryable:
-            return await self._holder_transition(
-                obligation_id, holder, State.ABANDONED, lambda _row, _now: {"last_error": error}
-            )
-
-        def changes(row: Obligation, now: float) -> dict[str, Any]:
-            delay = self.limits.retry_delay(row.attempts, retry_after_s)
-            return {"last_error": error, "next_attempt_at": now + delay}
-
-        return await self._holder_transition(obligation_id, holder, State.FAILED, changes)
+        target = State.FAILED if retryable else State.ABANDONED
+        return await self._holder_transition(
+            obligation_id,
+            holder,
+            target,
+            {"last_error": error},
+            schedule_retry=retryable,
+            retry_after_s=retry_after_s,
+        )
 
     async def _holder_transition(
         self,
         obligation_id: str,
         holder: Holder,
         target: State,
-        changes: Callable[[Obligation, float], dict[str, Any]],
+        changes: dict[str, Any],
+        *,
+        stamp_delivered: bool = False,
+        schedule_retry: bool = False,
+        retry_after_s: float | None = None,
     ) -> Obligation:
         _obligation_id(obligation_id)
 
         def op(now: float) -> Obligation:
-            row = self._existing(obligation_id)
-            if row.owner_instance_id != holder.instance_id or row.fence != holder.fence:
-                raise FailedPrecondition(
-                    "STALE_FENCE",
-                    f"obligation {obligation_id} is no longer held by instance "
-                    f"{holder.instance_id!r} with fence {holder.fence} (it was re-claimed or "
-                    "retried); leave it to its current holder",
-                    {"state": row.state.value},
-                )
-            if row.state is target:
-                return row  # the holder repeating its own call: idempotent
+            values = {"state": target.value, **changes}
+            if stamp_delivered:
+                values["delivered_at"] = now
             moved = self.store.transition(
                 now,
                 obligation_id,
                 holder,
                 HOLDER_SOURCES[target],
-                {"state": target.value, **changes(row, now)},
+                values,
+                retry_after_s=retry_after_s,
+                schedule_retry=schedule_retry,
             )
-            if moved is None:
-                raise FailedPrecondition(
-                    "ILLEGAL_TRANSITION",
-                    f"obligation {obligation_id} is {row.state.value}; it cannot become "
-                    f"{target.value}",
-                    {"state": row.state.value},
-                )
-            return moved
+            return moved or self._refused_transition(obligation_id, holder, target)
 
         return await self.runner.write(op)
+
+    def _refused_transition(self, obligation_id: str, holder: Holder, target: State) -> Obligation:
+        """Why a fenced transition changed nothing; a holder's repeat is answered with the row."""
+        row = self._existing(obligation_id)
+        if row.owner_instance_id != holder.instance_id or row.fence != holder.fence:
+            raise FailedPrecondition(
+                "STALE_FENCE",
+                f"obligation {obligation_id} is no longer held by instance "
+                f"{holder.instance_id!r} with fence {holder.fence} (it was re-claimed or "
+                "retried); leave it to its current holder",
+                {"state": row.state.value},
+            )
+        if row.state is target:
+            return row  # the holder repeating its own call: idempotent
+        raise FailedPrecondition(
+            "ILLEGAL_TRANSITION",
+            f"obligation {obligation_id} is {row.state.value}; it cannot become {target.value}",
+            {"state": row.state.value},
+        )
 
     def _existing(self, obligation_id: str) -> Obligation:
         row = self.store.get(obligation_id)

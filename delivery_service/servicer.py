@@ -113,7 +113,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             thread_id=request.thread_id,
             metadata=dict(request.metadata),
         )
-        row, created = await self.ledger.record(request.instance_id, new)
+        row, created = await self.ledger.record(request.instance_id, new, request.begin_attempt)
         return pb.RecordObligationResponse(obligation=obligation_pb(row), created=created)
 
     async def MarkAttempting(  # noqa: N802

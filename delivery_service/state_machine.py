@@ -64,15 +64,10 @@ class LedgerLimits:
     retention_s: float = 7 * 24 * 3600
     #: Default gateway lease; an instance without a heartbeat for this long is dead.
     lease_ttl_s: float = 30.0
-    #: Delay before a retryable failure becomes claimable, by attempts spent so
-    #: far; the last entry repeats.
+    #: Delay before a retryable failure becomes claimable, by recovery attempts
+    #: spent so far; the last entry repeats (applied in SQL by the store).
     backoff_s: Sequence[float] = field(default=(30.0, 120.0))
     #: Longest reply accepted, in UTF-8 bytes.
     max_content_bytes: int = 256 * 1024
     #: Rows a claim returns when the caller does not say.
     default_claim_limit: int = 100
-
-    def retry_delay(self, attempts: int, retry_after_s: float | None) -> float:
-        if retry_after_s is not None:
-            return retry_after_s
-        return self.backoff_s[min(attempts, len(self.backoff_s) - 1)]

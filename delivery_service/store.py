@@ -76,6 +76,9 @@ class ObligationRow(peewee.Model):
         )
 
 
+COLUMNS = tuple(field.column_name for field in ObligationRow._meta.sorted_fields)
+
+
 def _bind(model: type[M], database: peewee.Database) -> type[M]:
     """A subclass of `model` bound to `database`, so several stores can coexist."""
     meta = type("Meta", (), {"database": database, "table_name": model._meta.table_name})
@@ -88,6 +91,24 @@ class LedgerStore:
         self.limits = limits
         self.Instance = _bind(InstanceRow, backend.database)
         self.Obligation = _bind(ObligationRow, backend.database)
+        # The send path (record, mark) runs prepared SQL text: building each
+        # statement with peewee cost more CPU than executing and committing it.
+        self._database: Any = backend.database
+        self._param = self._database.param
+        self._sql_cache: dict[tuple[Any, ...], str] = {}
+        self._insert_if_live = self._sql(
+            f"INSERT INTO ledger_obligation ({', '.join(COLUMNS)}) "
+            f"SELECT {', '.join('?' for _ in COLUMNS)} WHERE EXISTS "
+            "(SELECT 1 FROM ledger_instance WHERE id = ? AND lease_expires_at > ?) "
+            "ON CONFLICT (id) DO NOTHING"
+        )
+        backoff = self.limits.backoff_s
+        steps = " ".join(f"WHEN attempts = {i} THEN {delay!r}" for i, delay in enumerate(backoff))
+        self._backoff_delay = f"(CASE {steps} ELSE {backoff[-1]!r} END)"
+
+    def _sql(self, text: str) -> str:
+        """`?` placeholders in the backend's parameter style."""
+        return text.replace("?", self._param)
 
     def create_schema(self) -> None:
         with self.backend.database.connection_context():
@@ -156,8 +177,14 @@ class LedgerStore:
 
     # -- obligations ----------------------------------------------------------------------
 
-    def insert_if_absent(self, now: float, new: NewObligation, owner: str) -> Obligation | None:
-        """Inserts a PENDING row owned by `owner`; None when the id exists (never reset it)."""
+    def insert_if_live(
+        self, now: float, new: NewObligation, owner: str, state: State = State.PENDING
+    ) -> Obligation | None:
+        """Inserts a row owned by `owner` if that instance is live and the id is new.
+
+        None when the owner is not live or the id exists (an existing row is
+        never reset: insert-or-ignore, not insert-or-replace).
+        """
         values = {
             "id": new.id,
             "session_key": new.session_key,
@@ -167,7 +194,7 @@ class LedgerStore:
             "chat_id": new.chat_id,
             "thread_id": new.thread_id,
             "metadata": json.dumps(new.metadata, sort_keys=True),
-            "state": State.PENDING.value,
+            "state": state.value,
             "owner_instance_id": owner,
             "fence": 1,
             "attempts": 0,
@@ -179,8 +206,9 @@ class LedgerStore:
             "next_attempt_at": None,
             "delivered_at": None,
         }
-        inserted = self.Obligation.insert(**values).on_conflict_ignore().as_rowcount().execute()
-        return _obligation_from(values) if inserted else None
+        params = [values[column] for column in COLUMNS] + [owner, now]
+        inserted = self._database.execute_sql(self._insert_if_live, params).rowcount
+        return _obligation_from(values) if inserted == 1 else None
 
     def get(self, obligation_id: str) -> Obligation | None:
         row = self.Obligation.select().where(self.Obligation.id == obligation_id).dicts().first()
@@ -191,27 +219,40 @@ class LedgerStore:
         now: float,
         obligation_id: str,
         holder: Holder,
-        sources: Iterable[State],
+        sources: Sequence[State],
         changes: dict[str, Any],
+        retry_after_s: float | None = None,
+        schedule_retry: bool = False,
     ) -> Obligation | None:
-        """The fenced transition: applies `changes` only for the holder and from `sources`."""
-        obl = self.Obligation
-        query = (
-            obl.update(updated_at=now, **changes)
-            .where(
-                (obl.id == obligation_id)
-                & (obl.owner_instance_id == holder.instance_id)
-                & (obl.fence == holder.fence)
-                & obl.state.in_([s.value for s in sources])
+        """The fenced transition: applies `changes` only for the holder and from `sources`.
+
+        With `schedule_retry`, `next_attempt_at` becomes now plus `retry_after_s`,
+        or the backoff step for the attempts the row has spent.
+        """
+        key = (tuple(changes), len(sources), schedule_retry, retry_after_s is None)
+        sql = self._sql_cache.get(key)
+        if sql is None:
+            assignments = ["updated_at = ?", *(f"{column} = ?" for column in changes)]
+            if schedule_retry:
+                delay = "?" if retry_after_s is not None else self._backoff_delay
+                assignments.append(f"next_attempt_at = ? + {delay}")
+            sql = self._sql_cache[key] = self._sql(
+                f"UPDATE ledger_obligation SET {', '.join(assignments)} "
+                "WHERE id = ? AND owner_instance_id = ? AND fence = ? "
+                f"AND state IN ({', '.join('?' for _ in sources)}) "
+                f"RETURNING {', '.join(COLUMNS)}"
             )
-            .returning(obl)
-            .dicts()
-        )
-        rows = list(query.execute())
-        return _obligation_from(rows[0]) if rows else None
+        params: list[Any] = [now, *changes.values()]
+        if schedule_retry:
+            params.append(now)
+            if retry_after_s is not None:
+                params.append(retry_after_s)
+        params += [obligation_id, holder.instance_id, holder.fence, *(s.value for s in sources)]
+        row = self._database.execute_sql(sql, params).fetchone()
+        return None if row is None else _obligation_from(dict(zip(COLUMNS, row, strict=True)))
 
     def operator_update(
-        self, now: float, obligation_id: str, sources: Iterable[State], changes: dict[str, Any]
+        self, now: float, obligation_id: str, sources: Sequence[State], changes: dict[str, Any]
     ) -> Obligation | None:
         """An operator's change: from `sources`, whoever holds the row; fences the holder out."""
         obl = self.Obligation

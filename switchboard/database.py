@@ -14,6 +14,7 @@ failing operation rolls back only itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -147,7 +148,24 @@ _STOP = object()
 @dataclass
 class _WriteOp:
     run: Callable[[float], Any]
-    future: Future[Any]
+    #: Settled after the commit: a concurrent future for threads, or an asyncio
+    #: future together with the loop it belongs to.
+    future: Future[Any] | asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+def _settle(future: Future[Any] | asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if future.cancelled():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
+
+
+def _settle_all(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for future, ok, value in outcomes:
+        _settle(future, ok, value)
 
 
 class TransactionRunner:
@@ -181,7 +199,10 @@ class TransactionRunner:
         return self._readers.submit(self._read, op)
 
     async def write(self, op: Callable[[float], T]) -> T:
-        return await asyncio.wrap_future(self.submit_write(op))
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self._queue.put(_WriteOp(op, future, loop))
+        return await future
 
     async def read(self, op: Callable[[], T]) -> T:
         return await asyncio.wrap_future(self.submit_read(op))
@@ -199,8 +220,7 @@ class TransactionRunner:
     # -- threads ----------------------------------------------------------------------------
 
     def _read(self, op: Callable[[], T]) -> T:
-        database = self.backend.database
-        database.connect(reuse_if_open=True)
+        self.backend.database.connect(reuse_if_open=True)
         return op()
 
     def _writer_loop(self) -> None:
@@ -221,33 +241,34 @@ class TransactionRunner:
                         stop_after = True
                         break
                     batch.append(item)
-                self._commit(batch)
+                self._publish(batch, self._commit(batch))
                 if stop_after:
                     return
         finally:
             self.backend.database.close()
 
-    def _commit(self, batch: list[_WriteOp]) -> None:
-        outcomes: list[tuple[bool, Any]] = []
+    def _commit(self, batch: list[_WriteOp]) -> list[tuple[bool, Any]]:
+        """Runs the batch in one transaction; returns each operation's (ok, result or error)."""
+        if len(batch) == 1:
+            return [self._commit_alone(batch[0])]
         try:
             with self.backend.write_transaction():
                 now = self.backend.now()
-                outcomes = [self._run_in_savepoint(op, now) for op in batch]
+                return [self._run_in_savepoint(op, now) for op in batch]
+        except Exception:
+            # Something broke the shared transaction: retry one by one so only
+            # the operation at fault fails.
+            return [self._commit_alone(op) for op in batch]
+
+    def _commit_alone(self, op: _WriteOp) -> tuple[bool, Any]:
+        try:
+            with self.backend.write_transaction():
+                return True, op.run(self.backend.now())
+        except DomainError as refused:
+            return False, refused  # rolled back: a refused call writes nothing
         except Exception as exc:
-            if len(batch) > 1:
-                # Something broke the shared transaction: retry one by one so
-                # only the operation at fault fails.
-                for op in batch:
-                    self._commit([op])
-                return
             log.exception("write transaction failed")
-            batch[0].future.set_exception(exc)
-            return
-        for op, (ok, value) in zip(batch, outcomes, strict=True):
-            if ok:
-                op.future.set_result(value)
-            else:
-                op.future.set_exception(value)
+            return False, exc
 
     def _run_in_savepoint(self, op: _WriteOp, now: float) -> tuple[bool, Any]:
         try:
@@ -255,3 +276,15 @@ class TransactionRunner:
                 return True, op.run(now)
         except DomainError as refused:
             return False, refused
+
+    def _publish(self, batch: list[_WriteOp], outcomes: list[tuple[bool, Any]]) -> None:
+        """Settles the futures, waking each event loop once per batch, not once per call."""
+        per_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+        for op, (ok, value) in zip(batch, outcomes, strict=True):
+            if op.loop is None:
+                _settle(op.future, ok, value)
+            else:
+                per_loop.setdefault(op.loop, []).append((op.future, ok, value))  # type: ignore[arg-type]
+        for loop, settled in per_loop.items():
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody awaits these
+                loop.call_soon_threadsafe(_settle_all, settled)

@@ -108,6 +108,11 @@ def _wrap_stream(
 class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
     """Maps domain errors raised by any handler to rich gRPC statuses."""
 
+    def __init__(self) -> None:
+        # Wrapped handlers by method: built once, not on every call. Unknown
+        # methods are not cached, so junk method names cannot grow this.
+        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
     async def intercept_service(
         self,
         continuation: Callable[
@@ -115,19 +120,31 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
         ],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                _wrap_unary(handler.unary_unary),  # type: ignore[arg-type]
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                _wrap_stream(handler.unary_stream),  # type: ignore[arg-type]
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        method = handler_call_details.method
+        cached = self._wrapped.get(method)
+        if cached is None:
+            cached = _wrapped(await continuation(handler_call_details))
+            if cached is None:
+                return None
+            self._wrapped[method] = cached
+        return cached
+
+
+def _wrapped(
+    handler: grpc.RpcMethodHandler[Any, Any] | None,
+) -> grpc.RpcMethodHandler[Any, Any] | None:
+    if handler is None:
+        return None
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            _wrap_unary(handler.unary_unary),  # type: ignore[arg-type]
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            _wrap_stream(handler.unary_stream),  # type: ignore[arg-type]
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return handler

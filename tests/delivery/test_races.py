@@ -29,7 +29,7 @@ def _seed_orphans(delivery: InProcessDelivery, count: int) -> set[str]:
                 platform="slack",
                 chat_id=f"U{i % 97}",
             )
-            assert store.insert_if_absent(now, new, crashed.instance_id) is not None
+            assert store.insert_if_live(now, new, crashed.instance_id) is not None
             ids.add(new.id)
     crashed.die()
     return ids

@@ -43,6 +43,16 @@ def test_full_cycle_pending_attempting_delivered(delivery: InProcessDelivery) ->
     assert delivered.HasField("deliver_time")
 
 
+def test_record_can_begin_the_attempt_in_the_same_call(delivery: InProcessDelivery) -> None:
+    gateway = Gateway(delivery.stub)
+    row = gateway.record(begin_attempt=True).obligation
+    assert row.state == pb.OBLIGATION_STATE_ATTEMPTING
+    assert gateway.delivered(row).state == pb.OBLIGATION_STATE_DELIVERED
+    again = gateway.record(begin_attempt=True)
+    assert not again.created
+    assert again.obligation.state == pb.OBLIGATION_STATE_DELIVERED, "never reopened"
+
+
 def test_duplicate_record_does_not_reopen_a_delivered_row(delivery: InProcessDelivery) -> None:
     gateway = Gateway(delivery.stub)
     row = gateway.delivered(gateway.attempting(gateway.record().obligation))
