@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import peewee
 from peewee import SQL, fn
@@ -25,9 +25,7 @@ from delivery_service.records import (
     ObligationFilter,
 )
 from delivery_service.state_machine import OWED, TERMINAL, LedgerLimits, State
-from switchboard.database import Backend
-
-M = TypeVar("M", bound=peewee.Model)
+from switchboard.database import Backend, bind_model
 
 
 class InstanceRow(peewee.Model):
@@ -79,18 +77,12 @@ class ObligationRow(peewee.Model):
 COLUMNS = tuple(field.column_name for field in ObligationRow._meta.sorted_fields)
 
 
-def _bind(model: type[M], database: peewee.Database) -> type[M]:
-    """A subclass of `model` bound to `database`, so several stores can coexist."""
-    meta = type("Meta", (), {"database": database, "table_name": model._meta.table_name})
-    return cast(type[M], type(model.__name__, (model,), {"Meta": meta, "__module__": __name__}))
-
-
 class LedgerStore:
     def __init__(self, backend: Backend, limits: LedgerLimits) -> None:
         self.backend = backend
         self.limits = limits
-        self.Instance = _bind(InstanceRow, backend.database)
-        self.Obligation = _bind(ObligationRow, backend.database)
+        self.Instance = bind_model(InstanceRow, backend.database)
+        self.Obligation = bind_model(ObligationRow, backend.database)
         # The send path (record, mark) runs prepared SQL text: building each
         # statement with peewee cost more CPU than executing and committing it.
         self._database: Any = backend.database

@@ -12,6 +12,7 @@ import click
 from switchboard.database import DatabaseSettings
 from switchboard.server import GrpcApp, ServerSettings, serve_until_signalled
 
+DEFAULT_SESSION_LISTEN = "127.0.0.1:50051"
 DEFAULT_DELIVERY_LISTEN = "127.0.0.1:50052"
 
 
@@ -41,7 +42,9 @@ def main(log_level: str) -> None:
 
 
 @main.command()
-@click.argument("which", type=click.Choice(["all", "delivery"]), default="all", required=False)
+@click.argument(
+    "which", type=click.Choice(["all", "session", "delivery"]), default="all", required=False
+)
 @click.option(
     "--data-dir",
     default="var",
@@ -49,6 +52,27 @@ def main(log_level: str) -> None:
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
     help="Where SQLite files live when no database URL is given.",
+)
+@click.option(
+    "--session-listen",
+    default=DEFAULT_SESSION_LISTEN,
+    envvar="SWITCHBOARD_SESSION_LISTEN",
+    show_default=True,
+    help="host:port for the SessionService (port 0 picks a free one).",
+)
+@click.option(
+    "--session-database-url",
+    default=None,
+    envvar="SWITCHBOARD_SESSION_DATABASE_URL",
+    help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
+    "[default: sqlite:///DATA_DIR/session.sqlite3]",
+)
+@click.option(
+    "--snapshot-every",
+    default=100,
+    envvar="SWITCHBOARD_SNAPSHOT_EVERY",
+    show_default=True,
+    help="Snapshot a session or agent after this many of its events.",
 )
 @click.option(
     "--delivery-listen",
@@ -133,6 +157,9 @@ def main(log_level: str) -> None:
 def serve(
     which: str,
     data_dir: Path,
+    session_listen: str,
+    session_database_url: str | None,
+    snapshot_every: int,
     delivery_listen: str,
     delivery_database_url: str | None,
     sqlite_synchronous: str,
@@ -150,37 +177,100 @@ def serve(
     """Run the services until SIGTERM or Ctrl-C (then drain and exit 0)."""
     from delivery_service.app import DeliveryUnit
     from delivery_service.state_machine import LedgerLimits
+    from session_service.app import SessionUnit
+    from session_service.sessions import SessionLimits
 
-    url = delivery_database_url or f"sqlite:///{(data_dir / 'delivery.sqlite3').resolve()}"
-    database = DatabaseSettings(
-        url=url,
-        sqlite_synchronous=sqlite_synchronous,  # type: ignore[arg-type]
-        pool_size=db_pool_size,
-        writer_threads=db_writer_threads,
-    )
-    limits = LedgerLimits(
-        max_attempts=max_attempts,
-        stale_after_s=stale_after,
-        retention_s=retention,
-        lease_ttl_s=lease_ttl,
-        backoff_s=backoff,
-        max_content_bytes=max_content_bytes,
-    )
-    server = ServerSettings(
-        listen=delivery_listen,
-        max_concurrent_rpcs=max_concurrent_rpcs,
-        drain_grace_s=drain_grace,
-    )
-    apps = [GrpcApp(DeliveryUnit(database, limits), server)]
-    urls = {id(apps[0]): _redacted(url)}
+    def database(url: str | None, file_name: str) -> DatabaseSettings:
+        return DatabaseSettings(
+            url=url or f"sqlite:///{(data_dir / file_name).resolve()}",
+            sqlite_synchronous=sqlite_synchronous,  # type: ignore[arg-type]
+            pool_size=db_pool_size,
+            writer_threads=db_writer_threads,
+        )
+
+    def server(listen: str) -> ServerSettings:
+        return ServerSettings(
+            listen=listen, max_concurrent_rpcs=max_concurrent_rpcs, drain_grace_s=drain_grace
+        )
+
+    apps: list[GrpcApp] = []
+    urls: dict[int, str] = {}
+    if which in ("all", "session"):
+        settings = database(session_database_url, "session.sqlite3")
+        unit = SessionUnit(settings, SessionLimits(snapshot_every=snapshot_every))
+        apps.append(GrpcApp(unit, server(session_listen)))
+        urls[id(apps[-1])] = _redacted(settings.url)
+    if which in ("all", "delivery"):
+        settings = database(delivery_database_url, "delivery.sqlite3")
+        limits = LedgerLimits(
+            max_attempts=max_attempts,
+            stale_after_s=stale_after,
+            retention_s=retention,
+            lease_ttl_s=lease_ttl,
+            backoff_s=backoff,
+            max_content_bytes=max_content_bytes,
+        )
+        apps.append(GrpcApp(DeliveryUnit(settings, limits), server(delivery_listen)))
+        urls[id(apps[-1])] = _redacted(settings.url)
 
     def announce(started: Sequence[GrpcApp]) -> None:
         for app in started:
             name = app.unit.service_name.rsplit(".", 1)[-1]
             click.echo(f"switchboard: {name} listening on {app.address} ({urls[id(app)]})")
-        click.echo("switchboard: ready; Ctrl-C or SIGTERM drains and stops", nl=True)
+        click.echo("switchboard: ready; Ctrl-C or SIGTERM drains and stops")
 
     asyncio.run(serve_until_signalled(apps, announce))
+
+
+@main.group()
+def session() -> None:
+    """Operate on the SessionService's storage."""
+
+
+@session.command()
+@click.option(
+    "--database-url",
+    envvar="SWITCHBOARD_SESSION_DATABASE_URL",
+    default=None,
+    help="[default: sqlite:///DATA_DIR/session.sqlite3]",
+)
+@click.option(
+    "--data-dir",
+    default="var",
+    envvar="SWITCHBOARD_DATA_DIR",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+)
+def rebuild(database_url: str | None, data_dir: Path) -> None:
+    """Replay the whole log into fresh projections and report what differed."""
+    from rich.progress import Progress
+
+    from session_service import recovery
+    from session_service.log_store import LogStore
+    from session_service.sessions import SessionLimits, Sessions
+    from switchboard.database import TransactionRunner, open_backend
+
+    settings = DatabaseSettings(
+        url=database_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"
+    )
+    backend = open_backend(settings)
+    store = LogStore(backend)
+    store.create_schema()
+    runner = TransactionRunner(backend, settings)
+    try:
+        with Progress() as bar:
+            task = bar.add_task("replaying the log", total=None)
+            report = recovery.rebuild(
+                Sessions(runner, store, SessionLimits()),
+                lambda done, total: bar.update(task, completed=done, total=total),
+            )
+    finally:
+        runner.close()
+    click.echo(f"replayed {report.events} events")
+    for name, count in report.differences.items():
+        click.echo(f"  {name}: {count} row(s) differed" if count else f"  {name}: identical")
+    if report.differed:
+        click.echo("projections were repaired from the log")
 
 
 def _redacted(url: str) -> str:

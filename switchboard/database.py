@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, cast
 from urllib.parse import parse_qs, unquote, urlparse
 
 import peewee
@@ -33,6 +33,7 @@ from playhouse.pool import PooledPostgresqlDatabase
 from switchboard.errors import DomainError
 
 T = TypeVar("T")
+M = TypeVar("M", bound=peewee.Model)
 log = logging.getLogger(__name__)
 
 SqliteSync = Literal["FULL", "NORMAL"]
@@ -129,6 +130,24 @@ class PostgresBackend:
         # The database's clock, so replicas with skewed clocks agree on leases.
         row = self.database.execute_sql("SELECT extract(epoch from clock_timestamp())").fetchone()
         return float(row[0])
+
+
+def bind_model(model: type[M], database: peewee.Database) -> type[M]:
+    """A subclass of `model` bound to `database`, so that several stores (two
+    servers in one test process, say) never share a global binding."""
+    meta = type("Meta", (), {"database": database, "table_name": model._meta.table_name})
+    bound = type(model.__name__, (model,), {"Meta": meta, "__module__": model.__module__})
+    return cast(type[M], bound)
+
+
+def tuples(query: Any) -> list[tuple[Any, ...]]:
+    """A query's rows as tuples (peewee's stubs type every row as a model)."""
+    return list(query.tuples())
+
+
+def dicts(query: Any) -> list[dict[str, Any]]:
+    """A query's rows as dicts."""
+    return list(query.dicts())
 
 
 def open_backend(settings: DatabaseSettings) -> Backend:

@@ -28,10 +28,13 @@ import psycopg2
 
 from delivery_service.app import DeliveryUnit
 from delivery_service.state_machine import LedgerLimits
+from session_service.app import SessionUnit
+from session_service.sessions import SessionLimits
 from switchboard.database import DatabaseSettings
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from switchboard.server import GrpcApp, ServerSettings
+from switchboard.session.v1 import session_service_pb2_grpc as session_grpc
 
 POSTGRES_URL = os.environ.get(
     "SWITCHBOARD_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test"
@@ -101,6 +104,33 @@ def delivery_server(
     channel = grpc.insecure_channel(app.address)
     try:
         yield InProcessDelivery(app, unit, channel, pb_grpc.DeliveryServiceStub(channel))
+    finally:
+        channel.close()
+        loop.run(app.stop())
+
+
+@dataclass
+class InProcessSession:
+    app: GrpcApp
+    unit: SessionUnit
+    channel: grpc.Channel
+    stub: session_grpc.SessionServiceStub
+
+    @property
+    def address(self) -> str:
+        return self.app.address
+
+
+@contextmanager
+def session_server(
+    loop: EventLoopThread, url: str, limits: SessionLimits | None = None
+) -> Iterator[InProcessSession]:
+    unit = SessionUnit(DatabaseSettings(url=url), limits or SessionLimits(watch_poll_s=0.2))
+    app = GrpcApp(unit, ServerSettings(listen="127.0.0.1:0", drain_grace_s=1.0))
+    loop.run(app.start())
+    channel = grpc.insecure_channel(app.address)
+    try:
+        yield InProcessSession(app, unit, channel, session_grpc.SessionServiceStub(channel))
     finally:
         channel.close()
         loop.run(app.stop())
@@ -201,13 +231,14 @@ def age_rows(unit: DeliveryUnit, seconds: float) -> None:
 
 # -- server processes -----------------------------------------------------------------------
 
-_LISTENING = re.compile(r"DeliveryService listening on (\S+)")
+_LISTENING = re.compile(r"(\w+Service) listening on (\S+)")
 
 
 class ServerProcess:
-    """`switchboard serve delivery` as a real child process."""
+    """`switchboard serve delivery` (or `session`) as a real child process."""
 
-    def __init__(self, url: str, data_dir: Path, *extra: str) -> None:
+    def __init__(self, url: str, data_dir: Path, *extra: str, service: str = "delivery") -> None:
+        self.service = service
         self.url = url
         self.data_dir = data_dir
         self.extra = extra
@@ -221,10 +252,10 @@ class ServerProcess:
                 "-m",
                 "switchboard",
                 "serve",
-                "delivery",
-                "--delivery-listen",
+                self.service,
+                f"--{self.service}-listen",
                 "127.0.0.1:0",
-                "--delivery-database-url",
+                f"--{self.service}-database-url",
                 self.url,
                 "--data-dir",
                 str(self.data_dir),
@@ -244,7 +275,7 @@ class ServerProcess:
                 break
             match = _LISTENING.search(line)
             if match:
-                self.address = match.group(1)
+                self.address = match.group(2)
                 threading.Thread(target=self._drain_output, daemon=True).start()
                 return self.address
         raise RuntimeError(f"server did not start (exit code {self.process.poll()})")

@@ -1,0 +1,37 @@
+"""Wires the SessionService together: database → log store → core → servicer."""
+
+from __future__ import annotations
+
+import grpc
+
+from session_service import recovery
+from session_service.log_store import LogStore
+from session_service.servicer import SessionServicer
+from session_service.sessions import SessionLimits, Sessions
+from switchboard.database import DatabaseSettings, TransactionRunner, open_backend
+from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
+
+SERVICE_NAME = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
+
+
+class SessionUnit:
+    """The SessionService with its storage, verified and ready to mount on a server."""
+
+    service_name = SERVICE_NAME
+
+    def __init__(self, database: DatabaseSettings, limits: SessionLimits | None = None) -> None:
+        self.limits = limits or SessionLimits()
+        backend = open_backend(database)
+        self.store = LogStore(backend)
+        self.store.create_schema()
+        self.runner = TransactionRunner(backend, database)
+        self.sessions = Sessions(self.runner, self.store, self.limits)
+        self.head = recovery.verify(self.sessions)
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        session_service_pb2_grpc.add_SessionServiceServicer_to_server(
+            SessionServicer(self.sessions), server
+        )
+
+    def close(self) -> None:
+        self.runner.close()

@@ -1,0 +1,387 @@
+"""Session storage: the global event log, its projections and snapshots.
+
+- `session_log`: every event, one global sequence. Sequences come from the
+  single `session_log_head` row, updated in the appending transaction: the
+  row lock (Postgres) or the database lock (SQLite) serializes appenders, so
+  sequences are assigned in commit order and a reader tailing the log never
+  sees N+1 before N. Never MAX(seq)+1.
+- `session_agent`, `session_session`, `session_route`: projections of the log
+  kept in the same transactions (what lists, routing and version checks read).
+- `session_snapshot`: cached states; deleting them all changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import peewee
+
+from session_service import replay
+from switchboard.database import Backend, bind_model, dicts, tuples
+from switchboard.session.v1 import session_service_pb2 as pb
+
+
+class LogHeadRow(peewee.Model):
+    id = peewee.IntegerField(primary_key=True)
+    seq = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_log_head"
+
+
+class EventRow(peewee.Model):
+    seq = peewee.BigIntegerField(primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    session_id = peewee.CharField(max_length=128, null=True)
+    kind = peewee.CharField(max_length=32)
+    payload = peewee.BlobField()  # a serialized pb.Event: typed, never pickle
+
+    class Meta:
+        table_name = "session_log"
+        indexes = (
+            (("session_id", "seq"), False),
+            (("agent", "session_id", "seq"), False),
+            (("session_id", "kind", "seq"), False),
+        )
+
+
+class AgentRow(peewee.Model):
+    name = peewee.CharField(max_length=64, primary_key=True)
+    archived = peewee.BooleanField()
+    version = peewee.BigIntegerField()
+    last_seq = peewee.BigIntegerField()
+    snapshot_version = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_agent"
+
+
+class SessionRow(peewee.Model):
+    session_id = peewee.CharField(max_length=128, primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    routing_key = peewee.TextField()
+    transport = peewee.CharField(max_length=32)
+    status = peewee.IntegerField()
+    created_seq = peewee.BigIntegerField()
+    last_seq = peewee.BigIntegerField()
+    version = peewee.BigIntegerField()
+    snapshot_version = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_session"
+        indexes = ((("agent", "created_seq"), False),)
+
+
+class RouteRow(peewee.Model):
+    agent = peewee.CharField(max_length=64)
+    routing_key = peewee.CharField(max_length=512)
+    session_id = peewee.CharField(max_length=128)
+
+    class Meta:
+        table_name = "session_route"
+        primary_key = peewee.CompositeKey("agent", "routing_key")
+
+
+class SnapshotRow(peewee.Model):
+    entity = peewee.CharField(max_length=200)  # "agent:<name>" or "session:<id>"
+    seq = peewee.BigIntegerField()
+    state = peewee.BlobField()
+
+    class Meta:
+        table_name = "session_snapshot"
+        primary_key = peewee.CompositeKey("entity", "seq")
+
+
+@dataclass(frozen=True)
+class SessionIndex:
+    """A session's projection row: what routing, lists and version checks read."""
+
+    session_id: str
+    agent: str
+    routing_key: str
+    transport: str
+    status: int
+    created_seq: int
+    last_seq: int
+    version: int
+    snapshot_version: int
+
+
+def agent_entity(name: str) -> str:
+    return f"agent:{name}"
+
+
+def session_entity(session_id: str) -> str:
+    return f"session:{session_id}"
+
+
+class LogStore:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.database: Any = backend.database
+        self.Head = bind_model(LogHeadRow, self.database)
+        self.Event = bind_model(EventRow, self.database)
+        self.Agent = bind_model(AgentRow, self.database)
+        self.Session = bind_model(SessionRow, self.database)
+        self.Route = bind_model(RouteRow, self.database)
+        self.Snapshot = bind_model(SnapshotRow, self.database)
+        self.models = (self.Head, self.Event, self.Agent, self.Session, self.Route, self.Snapshot)
+        self._q = self.database.param
+
+    def create_schema(self) -> None:
+        with self.database.connection_context():
+            self.database.create_tables(self.models, safe=True)
+            self.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
+
+    def _sql(self, text: str) -> str:
+        return text.replace("?", self._q)
+
+    # -- the log ----------------------------------------------------------------------------
+
+    def head(self) -> int:
+        return int(self.Head.get_by_id(1).seq)
+
+    def append(self, events: Sequence[pb.Event], now: float) -> list[pb.Event]:
+        """Gives the events the next sequences (in this transaction) and logs them."""
+        row = self.database.execute_sql(
+            self._sql("UPDATE session_log_head SET seq = seq + ? WHERE id = 1 RETURNING seq"),
+            [len(events)],
+        ).fetchone()
+        first = int(row[0]) - len(events) + 1
+        rows = []
+        for offset, event in enumerate(events):
+            event.sequence = first + offset
+            event.time.FromNanoseconds(int(now * 1e9))
+            rows.append(
+                (
+                    event.sequence,
+                    event.agent,
+                    event.session_id or None,
+                    event.WhichOneof("body"),
+                    event.SerializeToString(),
+                )
+            )
+        self.database.cursor().executemany(
+            self._sql(
+                "INSERT INTO session_log (seq, agent, session_id, kind, payload) "
+                "VALUES (?, ?, ?, ?, ?)"
+            ),
+            rows,
+        )
+        return list(events)
+
+    def read(
+        self,
+        after_seq: int,
+        limit: int,
+        agent: str = "",
+        session_id: str = "",
+    ) -> list[pb.Event]:
+        query = self.Event.select(self.Event.payload).where(self.Event.seq > after_seq)
+        if agent:
+            query = query.where(self.Event.agent == agent)
+        if session_id:
+            query = query.where(self.Event.session_id == session_id)
+        rows = tuples(query.order_by(self.Event.seq).limit(limit))
+        return [_event(payload) for (payload,) in rows]
+
+    def entity_events(self, entity: str, after_seq: int) -> list[pb.Event]:
+        kind, _, key = entity.partition(":")
+        if kind == "agent":
+            where = (self.Event.agent == key) & self.Event.session_id.is_null()
+        else:
+            where = self.Event.session_id == key
+        query = (
+            self.Event.select(self.Event.payload)
+            .where(where & (self.Event.seq > after_seq))
+            .order_by(self.Event.seq)
+        )
+        return [_event(payload) for (payload,) in tuples(query)]
+
+    def history(self, session_id: str, after_seq: int, limit: int, newest: bool) -> list[pb.Event]:
+        query = self.Event.select(self.Event.payload).where(
+            (self.Event.session_id == session_id)
+            & (self.Event.kind == "message_appended")
+            & (self.Event.seq > after_seq)
+        )
+        order = self.Event.seq.desc() if newest else self.Event.seq
+        events = [_event(p) for (p,) in tuples(query.order_by(order).limit(limit))]
+        return events[::-1] if newest else events
+
+    # -- snapshots --------------------------------------------------------------------------
+
+    def latest_snapshot(self, entity: str) -> tuple[int, bytes] | None:
+        row = (
+            self.Snapshot.select(self.Snapshot.seq, self.Snapshot.state)
+            .where(self.Snapshot.entity == entity)
+            .order_by(self.Snapshot.seq.desc())
+            .limit(1)
+            .tuples()
+            .first()
+        )
+        return None if row is None else (int(row[0]), bytes(row[1]))
+
+    def save_snapshot(self, entity: str, seq: int, state: bytes) -> None:
+        self.Snapshot.insert(entity=entity, seq=seq, state=state).on_conflict_ignore().execute()
+
+    def delete_snapshots(self) -> int:
+        return int(self.Snapshot.delete().execute())
+
+    # -- states -----------------------------------------------------------------------------
+
+    def agent_state(self, name: str) -> pb.Agent | None:
+        snapshot = self.latest_snapshot(agent_entity(name))
+        base = None
+        after = 0
+        if snapshot is not None:
+            after, blob = snapshot
+            base = pb.Agent.FromString(blob)
+        tail = self.entity_events(agent_entity(name), after)
+        if base is None and not tail:
+            return None
+        return replay.fold_agent(base, tail)
+
+    def session_state(self, session_id: str) -> pb.SessionState | None:
+        snapshot = self.latest_snapshot(session_entity(session_id))
+        base = None
+        after = 0
+        if snapshot is not None:
+            after, blob = snapshot
+            base = pb.SessionState.FromString(blob)
+        tail = self.entity_events(session_entity(session_id), after)
+        if base is None and not tail:
+            return None
+        return replay.fold_session(base, tail)
+
+    # -- projections ------------------------------------------------------------------------
+
+    def agent_index(self, name: str) -> AgentRow | None:
+        return self.Agent.get_or_none(self.Agent.name == name)
+
+    def put_agent_index(
+        self, name: str, *, archived: bool, version: int, last_seq: int, snapshot_version: int
+    ) -> None:
+        self.Agent.insert(
+            name=name,
+            archived=archived,
+            version=version,
+            last_seq=last_seq,
+            snapshot_version=snapshot_version,
+        ).on_conflict(
+            conflict_target=[self.Agent.name],
+            preserve=[
+                self.Agent.archived,
+                self.Agent.version,
+                self.Agent.last_seq,
+                self.Agent.snapshot_version,
+            ],
+        ).execute()
+
+    def set_agent_snapshot_version(self, name: str, version: int) -> None:
+        self.Agent.update(snapshot_version=version).where(self.Agent.name == name).execute()
+
+    def list_agents(self, after_name: str, limit: int, include_archived: bool) -> list[str]:
+        query = self.Agent.select(self.Agent.name).where(self.Agent.name > after_name)
+        if not include_archived:
+            query = query.where(self.Agent.archived == False)  # noqa: E712 - SQL, not Python
+        return [name for (name,) in tuples(query.order_by(self.Agent.name).limit(limit))]
+
+    def session_index(self, session_id: str) -> SessionIndex | None:
+        rows = dicts(self.Session.select().where(self.Session.session_id == session_id))
+        return SessionIndex(**rows[0]) if rows else None
+
+    def put_session_index(self, index: SessionIndex) -> None:
+        fields = self.Session._meta.fields
+        self.Session.insert(**index.__dict__).on_conflict(
+            conflict_target=[self.Session.session_id],
+            preserve=[field for name, field in fields.items() if name != "session_id"],
+        ).execute()
+
+    def list_sessions(
+        self,
+        agent: str,
+        status: int,
+        transport: str,
+        before_created_seq: int | None,
+        limit: int,
+    ) -> list[SessionIndex]:
+        query = self.Session.select().where(self.Session.agent == agent)
+        if status:
+            query = query.where(self.Session.status == status)
+        if transport:
+            query = query.where(self.Session.transport == transport)
+        if before_created_seq is not None:
+            query = query.where(self.Session.created_seq < before_created_seq)
+        rows = dicts(query.order_by(self.Session.created_seq.desc()).limit(limit))
+        return [SessionIndex(**row) for row in rows]
+
+    def route(self, agent: str, routing_key: str) -> str | None:
+        row = (
+            self.Route.select(self.Route.session_id)
+            .where((self.Route.agent == agent) & (self.Route.routing_key == routing_key))
+            .tuples()
+            .first()
+        )
+        return None if row is None else str(row[0])
+
+    def claim_route(self, agent: str, routing_key: str, session_id: str) -> bool:
+        """Points a free routing key at a session; False when another session holds it."""
+        inserted = (
+            self.Route.insert(agent=agent, routing_key=routing_key, session_id=session_id)
+            .on_conflict_ignore()
+            .as_rowcount()
+            .execute()
+        )
+        return bool(inserted)
+
+    def set_route(self, agent: str, routing_key: str, session_id: str) -> None:
+        self.Route.insert(agent=agent, routing_key=routing_key, session_id=session_id).on_conflict(
+            conflict_target=[self.Route.agent, self.Route.routing_key],
+            update={self.Route.session_id: session_id},
+        ).execute()
+
+    def drop_route(self, agent: str, routing_key: str, session_id: str) -> None:
+        self.Route.delete().where(
+            (self.Route.agent == agent)
+            & (self.Route.routing_key == routing_key)
+            & (self.Route.session_id == session_id)
+        ).execute()
+
+    def clear_projections(self) -> None:
+        for model in (self.Agent, self.Session, self.Route):
+            model.delete().execute()
+
+    def projection_rows(self) -> dict[str, set[tuple[Any, ...]]]:
+        """Every projection row as the log defines it, for comparing before and after
+        a rebuild (snapshot bookkeeping is cache state, so it is left out)."""
+        rows: dict[str, set[tuple[Any, ...]]] = {}
+        for name, model in (
+            ("agents", self.Agent),
+            ("sessions", self.Session),
+            ("routes", self.Route),
+        ):
+            columns = [f for n, f in model._meta.fields.items() if n != "snapshot_version"]
+            rows[name] = set(tuples(model.select(*columns)))
+        return rows
+
+    def max_logged_seq(self) -> int:
+        value = self.Event.select(peewee.fn.MAX(self.Event.seq)).scalar()
+        return int(value or 0)
+
+    def event_count(self) -> int:
+        return int(self.Event.select().count())
+
+    def all_events(self, batch: int = 5000) -> Iterable[pb.Event]:
+        after = 0
+        while True:
+            events = self.read(after, batch)
+            if not events:
+                return
+            yield from events
+            after = events[-1].sequence
+
+
+def _event(payload: bytes) -> pb.Event:
+    return pb.Event.FromString(bytes(payload))

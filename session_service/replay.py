@@ -1,0 +1,109 @@
+"""Folding events into state: the one definition of what every event means.
+
+Agent state is an `Agent` message, session state a `SessionState` message;
+both are rebuilt as "latest snapshot + the entity's later events", so a
+snapshot is only ever a cache of this fold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from switchboard.session.v1 import session_service_pb2 as pb
+
+#: Agent fields an UpdateAgent may change (top level of the field mask).
+UPDATABLE_AGENT_FIELDS = ("display_name", "permissions", "workspace_root", "peers", "settings")
+
+
+def apply_to_agent(agent: pb.Agent, event: pb.Event) -> None:
+    body = event.WhichOneof("body")
+    if body == "agent_created":
+        agent.CopyFrom(event.agent_created.agent)
+        agent.create_time.CopyFrom(event.time)
+    elif body == "agent_updated":
+        event.agent_updated.update_mask.MergeMessage(
+            event.agent_updated.agent,
+            agent,
+            replace_message_field=True,
+            replace_repeated_field=True,
+        )
+    elif body == "memory_put":
+        agent.memory[event.memory_put.key] = event.memory_put.value
+    elif body == "memory_deleted":
+        agent.memory.pop(event.memory_deleted.key, None)
+    elif body == "agent_archived":
+        agent.archived = True
+    else:
+        raise ValueError(f"event {event.sequence} ({body}) is not an agent event")
+    agent.version += 1
+    agent.last_sequence = event.sequence
+    agent.update_time.CopyFrom(event.time)
+
+
+def apply_to_session(state: pb.SessionState, event: pb.Event) -> None:
+    """Applies one session event; `state.session` keeps only the fields the log defines."""
+    session = state.session
+    body = event.WhichOneof("body")
+    if body == "session_opened":
+        opened = event.session_opened
+        session.session_id = opened.session_id
+        session.agent = event.agent
+        session.routing_key = opened.routing_key
+        session.source.CopyFrom(opened.source)
+        session.status = pb.SESSION_STATUS_OPEN
+        session.create_time.CopyFrom(event.time)
+        state.temp_state.update(opened.temp_state)
+    elif body == "session_ended":
+        session.status = pb.SESSION_STATUS_ENDED
+        session.end_reason = event.session_ended.reason
+    elif body == "message_appended":
+        session.message_count += 1
+    elif body == "inbox_posted":
+        state.inbox.add(sequence=event.sequence, message=event.inbox_posted.message)
+    elif body == "inbox_drained":
+        _drop_through(state.inbox, event.inbox_drained.through_sequence)
+    elif body == "outbox_queued":
+        state.outbox.add(sequence=event.sequence, message=event.outbox_queued.message)
+    elif body == "outbox_acked":
+        _drop_through(state.outbox, event.outbox_acked.through_sequence)
+    elif body == "task_set":
+        state.current_task.CopyFrom(event.task_set.task)
+    elif body == "task_cleared":
+        state.ClearField("current_task")
+    elif body == "temp_state_changed":
+        state.temp_state.update(event.temp_state_changed.set)
+        for key in event.temp_state_changed.removed:
+            state.temp_state.pop(key, None)
+    else:
+        raise ValueError(f"event {event.sequence} ({body}) is not a session event")
+    session.version = event.session_version
+    session.last_sequence = event.sequence
+    session.update_time.CopyFrom(event.time)
+
+
+def _drop_through(queue: Iterable[pb.QueuedMessage], through: int) -> None:
+    kept = [item for item in queue if item.sequence > through]
+    del queue[:]  # type: ignore[attr-defined]
+    queue.extend(kept)  # type: ignore[attr-defined]
+
+
+def fold_agent(base: pb.Agent | None, events: Iterable[pb.Event]) -> pb.Agent:
+    agent = pb.Agent()
+    if base is not None:
+        agent.CopyFrom(base)
+    for event in events:
+        apply_to_agent(agent, event)
+    return agent
+
+
+def fold_session(base: pb.SessionState | None, events: Iterable[pb.Event]) -> pb.SessionState:
+    state = pb.SessionState()
+    if base is not None:
+        state.CopyFrom(base)
+    for event in events:
+        apply_to_session(state, event)
+    return state
+
+
+#: Events that do not move a session's version: the sanctioned second writer.
+UNVERSIONED = frozenset({"inbox_posted"})

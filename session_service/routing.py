@@ -1,0 +1,93 @@
+"""Routing keys: the deterministic, transport-namespaced name of a conversation.
+
+Non-chat transports:  agent:<agent>:<transport>:<conversation_id>
+Chat platforms (Hermes' rules):
+    agent:<agent>:<platform>:<chat_type>[:<scope_id>]:<chat_id>[:<thread_id>][:<user>]
+  - DMs are keyed by the chat id, falling back to the user, then the thread;
+    the user never appears beside a chat id.
+  - Groups and channels get one session per member unless the agent shares
+    them; threads are shared unless the agent isolates them per member.
+With PII redaction on, chat ids become `<platform>:<12 hex>` and user ids
+`user_<12 hex>` before the key is built, so raw ids never reach the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from switchboard import validation
+from switchboard.errors import InvalidArgument
+from switchboard.session.v1 import session_service_pb2 as pb
+
+NON_CHAT_TRANSPORTS = frozenset({"web", "cron", "repl", "peer"})
+
+_CHAT_TYPE_NAMES = {
+    pb.CHAT_TYPE_DM: "dm",
+    pb.CHAT_TYPE_GROUP: "group",
+    pb.CHAT_TYPE_CHANNEL: "channel",
+    pb.CHAT_TYPE_THREAD: "thread",
+}
+
+
+def hash_id(value: str) -> str:
+    return hashlib.sha256(value.encode("utf-8")).hexdigest()[:12]
+
+
+def redacted_user(user_id: str) -> str:
+    return f"user_{hash_id(user_id)}" if user_id else ""
+
+
+def redacted_chat(platform: str, chat_id: str) -> str:
+    return f"{platform}:{hash_id(chat_id)}" if chat_id else ""
+
+
+def checked_source(source: pb.Source) -> pb.Source:
+    """Validates a source; returns it unchanged."""
+    validation.platform("source.transport", source.transport)
+    if source.transport in NON_CHAT_TRANSPORTS:
+        validation.routing_key("source.conversation_id", source.conversation_id, max_len=256)
+        return source
+    if source.chat_type not in _CHAT_TYPE_NAMES:
+        raise InvalidArgument(
+            "source.chat_type", "is required for a chat platform: DM, GROUP, CHANNEL or THREAD"
+        )
+    for field in ("chat_id", "thread_id", "user_id", "scope_id"):
+        value = getattr(source, field)
+        if value:
+            validation.routing_key(f"source.{field}", value, max_len=256)
+    return source
+
+
+def stored_source(source: pb.Source, redact: bool) -> pb.Source:
+    """The source as it may be stored: ids hashed when the agent redacts PII."""
+    stored = pb.Source()
+    stored.CopyFrom(source)
+    if redact and source.transport not in NON_CHAT_TRANSPORTS:
+        stored.chat_id = redacted_chat(source.transport, source.chat_id)
+        stored.user_id = redacted_user(source.user_id)
+    return stored
+
+
+def routing_key(agent: str, source: pb.Source, policy: pb.RoutingPolicy) -> str:
+    """The key of a (checked, already redacted if need be) source."""
+    namespace = f"agent:{agent}:{source.transport}"
+    if source.transport in NON_CHAT_TRANSPORTS:
+        return f"{namespace}:{source.conversation_id}"
+    chat_type = _CHAT_TYPE_NAMES[source.chat_type]
+    parts = [namespace, chat_type]
+    if source.scope_id:
+        parts.append(source.scope_id)
+    if source.chat_type == pb.CHAT_TYPE_DM:
+        owner = source.chat_id or source.user_id
+        parts += [part for part in (owner, source.thread_id) if part]
+        return ":".join(parts)
+    if source.chat_id:
+        parts.append(source.chat_id)
+    if source.thread_id:
+        parts.append(source.thread_id)
+    per_user = not policy.shared_group_sessions and (
+        not source.thread_id or policy.per_user_thread_sessions
+    )
+    if per_user and source.user_id:
+        parts.append(source.user_id)
+    return ":".join(parts)

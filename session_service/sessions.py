@@ -1,0 +1,650 @@
+"""The SessionService's domain core: agents, sessions, routing, the log.
+
+Every change is a typed event appended to the global log by `_log`, which
+also keeps the projections (agent and session index rows, routes) in the same
+transaction through `project`, the one function a rebuild replays too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf import field_mask_pb2
+
+from session_service import replay, routing
+from session_service.log_store import LogStore, SessionIndex, agent_entity, session_entity
+from switchboard import pagination, validation
+from switchboard.database import TransactionRunner
+from switchboard.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
+from switchboard.session.v1 import session_service_pb2 as pb
+
+_AGENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+MAX_EVENTS_PER_APPEND = 100
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    #: A snapshot is written when an entity has this many events since its last one.
+    snapshot_every: int = 100
+    #: Longest message content accepted, in UTF-8 bytes.
+    max_content_bytes: int = 256 * 1024
+    #: How often an idle watcher looks for events other replicas appended.
+    watch_poll_s: float = 1.0
+
+
+def _agent_name(field: str, value: str) -> str:
+    if not _AGENT_NAME.match(value):
+        raise InvalidArgument(
+            field,
+            f"{value[:70]!r} is not an agent name: 1-63 lower-case letters, digits, '-' or '_', "
+            "starting with a letter or digit",
+        )
+    return value
+
+
+def _session_id(value: str) -> str:
+    if not _SESSION_ID.match(value) or ".." in value:
+        raise InvalidArgument(
+            "session_id",
+            "must be 1-128 letters, digits, '-', '_' or '.', without '..'",
+            reason="UNSAFE_ID",
+        )
+    return value
+
+
+def _new_session_id() -> str:
+    return f"s_{uuid.uuid4().hex}"
+
+
+class Sessions:
+    def __init__(self, runner: TransactionRunner, store: LogStore, limits: SessionLimits) -> None:
+        self.runner = runner
+        self.store = store
+        self.limits = limits
+        self._waiters: set[asyncio.Future[None]] = set()
+
+    # == validation ========================================================================
+
+    def _checked_message(self, field: str, message: pb.Message) -> pb.Message:
+        if message.role == pb.ROLE_UNSPECIFIED or message.role not in pb.Role.values():
+            raise InvalidArgument(f"{field}.role", "must be USER, ASSISTANT, SYSTEM or TOOL")
+        size = len(message.content.encode("utf-8"))
+        if size > self.limits.max_content_bytes:
+            raise InvalidArgument(
+                f"{field}.content",
+                f"is {size} bytes; this server accepts at most {self.limits.max_content_bytes}",
+                reason="CONTENT_TOO_LARGE",
+            )
+        validation.text(f"{field}.sender", message.sender, max_len=256)
+        validation.text(f"{field}.message_ref", message.message_ref, max_len=256)
+        validation.text(f"{field}.tool_call_id", message.tool_call_id, max_len=256)
+        validation.string_map(f"{field}.metadata", message.metadata)
+        return message
+
+    def _checked_agent(self, agent: pb.Agent) -> None:
+        _agent_name("agent.name", agent.name)
+        validation.text("agent.display_name", agent.display_name, max_len=256)
+        validation.text("agent.workspace_root", agent.workspace_root, max_len=1024)
+        for index, rule in enumerate(agent.permissions):
+            if rule.effect not in (pb.PERMISSION_EFFECT_ALLOW, pb.PERMISSION_EFFECT_DENY):
+                raise InvalidArgument(f"agent.permissions[{index}].effect", "must be ALLOW or DENY")
+            validation.text(
+                f"agent.permissions[{index}].action", rule.action, max_len=256, required=True
+            )
+            validation.text(f"agent.permissions[{index}].resource", rule.resource, max_len=1024)
+        for index, peer in enumerate(agent.peers):
+            _agent_name(f"agent.peers[{index}]", peer)
+        validation.string_map("agent.memory", agent.memory, max_entries=1000)
+
+    # == the log ===========================================================================
+
+    def _log(self, now: float, events: Sequence[pb.Event]) -> list[pb.Event]:
+        """Appends events and keeps the projections and snapshots with them."""
+        logged = self.store.append(events, now)
+        for event in logged:
+            self.project(event)
+        self._snapshot_if_due(logged)
+        return logged
+
+    def project(self, event: pb.Event) -> None:
+        """Updates the index rows and routes for one logged event (also used by rebuild)."""
+        body = event.WhichOneof("body")
+        store = self.store
+        if not event.session_id:
+            index = store.agent_index(event.agent)
+            version = 1 if index is None else int(index.version) + 1
+            store.put_agent_index(
+                event.agent,
+                archived=body == "agent_archived" or bool(index and index.archived),
+                version=version,
+                last_seq=event.sequence,
+                snapshot_version=0 if index is None else int(index.snapshot_version),
+            )
+            return
+        if body == "session_opened":
+            opened = event.session_opened
+            store.put_session_index(
+                SessionIndex(
+                    session_id=event.session_id,
+                    agent=event.agent,
+                    routing_key=opened.routing_key,
+                    transport=opened.source.transport,
+                    status=pb.SESSION_STATUS_OPEN,
+                    created_seq=event.sequence,
+                    last_seq=event.sequence,
+                    version=event.session_version,
+                    snapshot_version=0,
+                )
+            )
+            if opened.routing_key:
+                store.set_route(event.agent, opened.routing_key, event.session_id)
+            return
+        current = store.session_index(event.session_id)
+        assert current is not None, f"event {event.sequence} for an unknown session"
+        status = current.status
+        if body == "session_ended":
+            status = pb.SESSION_STATUS_ENDED
+            if current.routing_key:
+                store.drop_route(event.agent, current.routing_key, event.session_id)
+        store.put_session_index(
+            SessionIndex(
+                **{
+                    **current.__dict__,
+                    "status": status,
+                    "last_seq": event.sequence,
+                    "version": event.session_version,
+                }
+            )
+        )
+
+    def _snapshot_if_due(self, logged: Sequence[pb.Event]) -> None:
+        every = self.limits.snapshot_every
+        for session_id in {event.session_id for event in logged if event.session_id}:
+            index = self.store.session_index(session_id)
+            if index is not None and index.version - index.snapshot_version >= every:
+                self._write_session_snapshot(index)
+        for name in {event.agent for event in logged if not event.session_id}:
+            agent_index = self.store.agent_index(name)
+            if (
+                agent_index is not None
+                and agent_index.version - agent_index.snapshot_version >= every
+            ):
+                self._write_agent_snapshot(name)
+
+    def _write_session_snapshot(self, index: SessionIndex) -> int:
+        state = self.store.session_state(index.session_id)
+        assert state is not None
+        self.store.save_snapshot(
+            session_entity(index.session_id), state.session.last_sequence, state.SerializeToString()
+        )
+        self.store.put_session_index(
+            SessionIndex(**{**index.__dict__, "snapshot_version": index.version})
+        )
+        return state.session.last_sequence
+
+    def _write_agent_snapshot(self, name: str) -> None:
+        agent = self.store.agent_state(name)
+        assert agent is not None
+        self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent.SerializeToString())
+        self.store.set_agent_snapshot_version(name, agent.version)
+
+    def _notify_watchers(self) -> None:
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _write(self, op: Callable[[float], Any]) -> Any:
+        result = await self.runner.write(op)
+        self._notify_watchers()
+        return result
+
+    # == agents ============================================================================
+
+    def _live_agent(self, name: str) -> pb.Agent:
+        agent = self.store.agent_state(name)
+        if agent is None:
+            raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
+        if agent.archived:
+            raise FailedPrecondition("AGENT_ARCHIVED", f"agent {name!r} is archived")
+        return agent
+
+    async def create_agent(self, agent: pb.Agent) -> pb.Agent:
+        self._checked_agent(agent)
+        created = pb.Agent()
+        created.CopyFrom(agent)
+        for field in ("archived", "version", "last_sequence", "create_time", "update_time"):
+            created.ClearField(field)
+
+        def op(now: float) -> pb.Agent:
+            if self.store.agent_index(agent.name) is not None:
+                raise AlreadyExists("AGENT_EXISTS", f"agent {agent.name!r} exists already")
+            event = pb.Event(agent=agent.name, agent_created=pb.AgentCreated(agent=created))
+            self._log(now, [event])
+            return self._live_agent(agent.name)
+
+        result: pb.Agent = await self._write(op)
+        return result
+
+    async def get_agent(self, name: str) -> pb.Agent:
+        _agent_name("name", name)
+
+        def op() -> pb.Agent:
+            agent = self.store.agent_state(name)
+            if agent is None:
+                raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
+            return agent
+
+        return await self.runner.read(op)
+
+    async def list_agents(
+        self, include_archived: bool, page_size: int, page_token: str
+    ) -> tuple[list[pb.Agent], str]:
+        size = pagination.page_size(page_size)
+        position = pagination.decode(page_token, [include_archived])
+        after = str(position[0]) if position else ""
+
+        def op() -> tuple[list[pb.Agent], str]:
+            names = self.store.list_agents(after, size + 1, include_archived)
+            more = len(names) > size
+            names = names[:size]
+            agents = []
+            for name in names:
+                agent = self.store.agent_state(name)
+                assert agent is not None
+                agent.ClearField("memory")
+                agents.append(agent)
+            token = pagination.encode([names[-1]], [include_archived]) if more else ""
+            return agents, token
+
+        return await self.runner.read(op)
+
+    async def update_agent(self, agent: pb.Agent, mask: field_mask_pb2.FieldMask) -> pb.Agent:
+        _agent_name("agent.name", agent.name)
+        if not mask.paths:
+            raise InvalidArgument("update_mask", "names no field to change")
+        for path in mask.paths:
+            if path.split(".", 1)[0] not in replay.UPDATABLE_AGENT_FIELDS:
+                raise InvalidArgument(
+                    "update_mask",
+                    f"{path!r} cannot be updated; use one of "
+                    f"{', '.join(replay.UPDATABLE_AGENT_FIELDS)} (memory has PutMemory)",
+                )
+        if not mask.IsValidForDescriptor(pb.Agent.DESCRIPTOR):
+            raise InvalidArgument("update_mask", "names a field the Agent message does not have")
+        self._checked_agent(agent)
+
+        def op(now: float) -> pb.Agent:
+            self._live_agent(agent.name)
+            update = pb.AgentUpdated(update_mask=mask)
+            update.agent.CopyFrom(agent)
+            self._log(now, [pb.Event(agent=agent.name, agent_updated=update)])
+            return self._live_agent(agent.name)
+
+        result: pb.Agent = await self._write(op)
+        return result
+
+    async def delete_agent(self, name: str) -> pb.Agent:
+        _agent_name("name", name)
+
+        def op(now: float) -> pb.Agent:
+            agent = self.store.agent_state(name)
+            if agent is None:
+                raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
+            if not agent.archived:
+                self._log(now, [pb.Event(agent=name, agent_archived=pb.AgentArchived())])
+            archived = self.store.agent_state(name)
+            assert archived is not None
+            return archived
+
+        result: pb.Agent = await self._write(op)
+        return result
+
+    async def put_memory(self, name: str, key: str, value: str) -> pb.Agent:
+        _agent_name("agent", name)
+        validation.text("key", key, max_len=256, required=True)
+        validation.text("value", value, max_len=64 * 1024, allow_newlines=True)
+        event = pb.Event(agent=name, memory_put=pb.MemoryPut(key=key, value=value))
+        return await self._agent_change(name, event)
+
+    async def delete_memory(self, name: str, key: str) -> pb.Agent:
+        _agent_name("agent", name)
+        validation.text("key", key, max_len=256, required=True)
+        event = pb.Event(agent=name, memory_deleted=pb.MemoryDeleted(key=key))
+        return await self._agent_change(name, event)
+
+    async def _agent_change(self, name: str, event: pb.Event) -> pb.Agent:
+        def op(now: float) -> pb.Agent:
+            self._live_agent(name)
+            self._log(now, [event])
+            return self._live_agent(name)
+
+        result: pb.Agent = await self._write(op)
+        return result
+
+    # == sessions: routing and lifecycle ===================================================
+
+    def _session_of(self, agent: str, session_id: str) -> SessionIndex:
+        """The agent's session; another agent's session is NOT_FOUND too (routing is scoped)."""
+        index = self.store.session_index(session_id)
+        if index is None or index.agent != agent:
+            raise NotFound("SESSION_NOT_FOUND", f"agent {agent!r} has no session {session_id!r}")
+        return index
+
+    def _open_session_of(self, agent: str, session_id: str) -> SessionIndex:
+        index = self._session_of(agent, session_id)
+        if index.status != pb.SESSION_STATUS_OPEN:
+            raise FailedPrecondition(
+                "SESSION_ENDED", f"session {session_id!r} has ended; resolve or spawn a new one"
+            )
+        return index
+
+    def _summary(self, session_id: str) -> pb.Session:
+        state = self.store.session_state(session_id)
+        assert state is not None
+        return state.session
+
+    def _open(
+        self,
+        now: float,
+        agent: str,
+        session_id: str,
+        routing_key: str,
+        source: pb.Source,
+        temp_state: dict[str, str] | None = None,
+    ) -> pb.Session:
+        opened = pb.SessionOpened(
+            session_id=session_id, routing_key=routing_key, source=source, temp_state=temp_state
+        )
+        self._log(
+            now,
+            [
+                pb.Event(
+                    agent=agent, session_id=session_id, session_version=1, session_opened=opened
+                )
+            ],
+        )
+        return self._summary(session_id)
+
+    async def resolve(
+        self, agent: str, source: pb.Source, session_id: str
+    ) -> tuple[pb.Session, bool]:
+        _agent_name("agent", agent)
+        if session_id:
+            _session_id(session_id)
+
+            def join() -> tuple[pb.Session, bool]:
+                self._live_agent(agent)
+                self._open_session_of(agent, session_id)
+                return self._summary(session_id), False
+
+            return await self.runner.read(join)
+        routing.checked_source(source)
+
+        def op(now: float) -> tuple[pb.Session, bool]:
+            settings = self._live_agent(agent).settings
+            stored = routing.stored_source(source, settings.redact_pii)
+            key = routing.routing_key(agent, stored, settings.routing)
+            existing = self.store.route(agent, key)
+            if existing is not None:
+                return self._summary(existing), False
+            new_id = _new_session_id()
+            # Single flight: the first to take the route creates the session;
+            # a concurrent resolver (another replica too) finds the route taken.
+            if not self.store.claim_route(agent, key, new_id):
+                taken = self.store.route(agent, key)
+                assert taken is not None
+                return self._summary(taken), False
+            return self._open(now, agent, new_id, key, stored), True
+
+        result: tuple[pb.Session, bool] = await self._write(op)
+        return result
+
+    async def spawn(self, agent: str, session_id: str, temp_state: dict[str, str]) -> pb.Session:
+        _agent_name("agent", agent)
+        if session_id:
+            _session_id(session_id)
+        validation.string_map("temp_state", temp_state, max_entries=1000)
+        chosen = session_id or _new_session_id()
+
+        def op(now: float) -> pb.Session:
+            self._live_agent(agent)
+            if self.store.session_index(chosen) is not None:
+                raise AlreadyExists("SESSION_EXISTS", f"session {chosen!r} exists already")
+            return self._open(now, agent, chosen, "", pb.Source(), temp_state)
+
+        result: pb.Session = await self._write(op)
+        return result
+
+    async def get_session(self, agent: str, session_id: str) -> pb.Session:
+        _agent_name("agent", agent)
+        _session_id(session_id)
+
+        def op() -> pb.Session:
+            self._session_of(agent, session_id)
+            return self._summary(session_id)
+
+        return await self.runner.read(op)
+
+    async def list_sessions(
+        self, agent: str, status: int, transport: str, page_size: int, page_token: str
+    ) -> tuple[list[pb.Session], str]:
+        _agent_name("agent", agent)
+        if status not in pb.SessionStatus.values():
+            raise InvalidArgument("status", f"{status} is not a known SessionStatus")
+        if transport:
+            validation.platform("transport", transport)
+        size = pagination.page_size(page_size)
+        filters = [agent, status, transport]
+        position = pagination.decode(page_token, filters)
+        before = int(position[0]) if position else None
+
+        def op() -> tuple[list[pb.Session], str]:
+            if self.store.agent_index(agent) is None:
+                raise NotFound("AGENT_NOT_FOUND", f"agent {agent!r} does not exist")
+            rows = self.store.list_sessions(agent, status, transport, before, size + 1)
+            more = len(rows) > size
+            rows = rows[:size]
+            sessions = [self._summary(row.session_id) for row in rows]
+            token = pagination.encode([rows[-1].created_seq], filters) if more else ""
+            return sessions, token
+
+        return await self.runner.read(op)
+
+    async def end(self, agent: str, session_id: str, reason: str) -> pb.Session:
+        _agent_name("agent", agent)
+        _session_id(session_id)
+        validation.text("reason", reason, max_len=256)
+
+        def op(now: float) -> pb.Session:
+            index = self._session_of(agent, session_id)
+            if index.status == pb.SESSION_STATUS_OPEN:
+                self._log(now, [self._ended_event(index, reason)])
+            return self._summary(session_id)
+
+        result: pb.Session = await self._write(op)
+        return result
+
+    def _ended_event(self, index: SessionIndex, reason: str) -> pb.Event:
+        return pb.Event(
+            agent=index.agent,
+            session_id=index.session_id,
+            session_version=index.version + 1,
+            session_ended=pb.SessionEnded(reason=reason),
+        )
+
+    async def reset(
+        self, agent: str, session_id: str, reason: str
+    ) -> tuple[pb.Session, pb.Session]:
+        _agent_name("agent", agent)
+        _session_id(session_id)
+        validation.text("reason", reason, max_len=256)
+
+        def op(now: float) -> tuple[pb.Session, pb.Session]:
+            self._live_agent(agent)
+            index = self._open_session_of(agent, session_id)
+            old = self._summary(session_id)
+            self._log(now, [self._ended_event(index, reason or "reset")])
+            fresh = self._open(now, agent, _new_session_id(), index.routing_key, old.source)
+            return self._summary(session_id), fresh
+
+        result: tuple[pb.Session, pb.Session] = await self._write(op)
+        return result
+
+    # == sessions: appending ===============================================================
+
+    async def append(
+        self,
+        agent: str,
+        session_id: str,
+        expected_version: int | None,
+        inputs: Sequence[pb.SessionEventInput],
+    ) -> tuple[list[pb.Event], int]:
+        _agent_name("agent", agent)
+        _session_id(session_id)
+        if not inputs or len(inputs) > MAX_EVENTS_PER_APPEND:
+            raise InvalidArgument("events", f"give 1 to {MAX_EVENTS_PER_APPEND} events")
+        bodies = [self._checked_input(i, event) for i, event in enumerate(inputs)]
+
+        def op(now: float) -> tuple[list[pb.Event], int]:
+            index = self._open_session_of(agent, session_id)
+            if expected_version is not None and expected_version != index.version:
+                raise Aborted(
+                    "VERSION_MISMATCH",
+                    f"session {session_id!r} is at version {index.version}, not "
+                    f"{expected_version}: re-read it and retry",
+                    {"version": str(index.version)},
+                )
+            events = []
+            for offset, (name, body) in enumerate(bodies):
+                event = pb.Event(
+                    agent=agent, session_id=session_id, session_version=index.version + offset + 1
+                )
+                getattr(event, name).CopyFrom(body)
+                events.append(event)
+            logged = self._log(now, events)
+            return logged, index.version + len(events)
+
+        result: tuple[list[pb.Event], int] = await self._write(op)
+        return result
+
+    def _checked_input(self, index: int, event: pb.SessionEventInput) -> tuple[str, Any]:
+        name = event.WhichOneof("body")
+        field = f"events[{index}]"
+        if name is None:
+            raise InvalidArgument(field, "has no event body")
+        body = getattr(event, name)
+        if name in ("message_appended", "outbox_queued"):
+            self._checked_message(f"{field}.{name}.message", body.message)
+        elif name == "task_set":
+            validation.text(f"{field}.task_set.task.task_id", body.task.task_id, max_len=256)
+            validation.text(
+                f"{field}.task_set.task.description",
+                body.task.description,
+                max_len=64 * 1024,
+                allow_newlines=True,
+            )
+        elif name == "temp_state_changed":
+            validation.string_map(f"{field}.temp_state_changed.set", body.set, max_entries=1000)
+        return name, body
+
+    async def post_to_inbox(self, agent: str, session_id: str, message: pb.Message) -> pb.Event:
+        _agent_name("agent", agent)
+        _session_id(session_id)
+        self._checked_message("message", message)
+
+        def op(now: float) -> pb.Event:
+            index = self._open_session_of(agent, session_id)
+            posted = pb.Event(
+                agent=agent,
+                session_id=session_id,
+                session_version=index.version,  # unversioned: never conflicts with a turn
+                inbox_posted=pb.InboxPosted(message=message),
+            )
+            return self._log(now, [posted])[0]
+
+        result: pb.Event = await self._write(op)
+        return result
+
+    # == sessions: reading =================================================================
+
+    async def history(
+        self, agent: str, session_id: str, after: int, limit: int, newest: bool
+    ) -> list[pb.QueuedMessage]:
+        _agent_name("agent", agent)
+        _session_id(session_id)
+        size = pagination.page_size(limit)
+
+        def op() -> list[pb.QueuedMessage]:
+            self._session_of(agent, session_id)
+            events = self.store.history(session_id, after, size, newest)
+            return [
+                pb.QueuedMessage(sequence=e.sequence, message=e.message_appended.message)
+                for e in events
+            ]
+
+        return await self.runner.read(op)
+
+    async def state(self, agent: str, session_id: str) -> tuple[pb.SessionState, pb.Agent]:
+        _agent_name("agent", agent)
+        _session_id(session_id)
+
+        def op() -> tuple[pb.SessionState, pb.Agent]:
+            self._session_of(agent, session_id)
+            state = self.store.session_state(session_id)
+            owner = self.store.agent_state(agent)
+            assert state is not None and owner is not None
+            return state, owner
+
+        return await self.runner.read(op)
+
+    async def snapshot(self, agent: str, session_id: str) -> int:
+        _agent_name("agent", agent)
+        _session_id(session_id)
+
+        def op(_now: float) -> int:
+            index = self._session_of(agent, session_id)
+            self._write_agent_snapshot(agent)
+            return self._write_session_snapshot(index)
+
+        result: int = await self.runner.write(op)
+        return result
+
+    async def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[pb.Event]:
+        """Events after `after`, then live ones as they commit, until the caller leaves."""
+        if agent:
+            _agent_name("agent", agent)
+        if session_id:
+            _session_id(session_id)
+        loop = asyncio.get_running_loop()
+        last = after
+        while True:
+            batch = await self.runner.read(
+                lambda last=last: self.store.read(last, 500, agent, session_id)  # type: ignore[misc]
+            )
+            for event in batch:
+                yield event
+                last = event.sequence
+            if len(batch) == 500:
+                continue
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.add(waiter)
+            try:
+                # Local commits wake us at once; the timeout finds other replicas' events.
+                await asyncio.wait_for(waiter, timeout=self.limits.watch_poll_s)
+            except TimeoutError:
+                pass
+            finally:
+                self._waiters.discard(waiter)

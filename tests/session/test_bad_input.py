@@ -1,0 +1,188 @@
+"""Bad input to the SessionService: a clear status naming the field, and nothing written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+import pytest
+from google.protobuf import field_mask_pb2
+
+from switchboard.session.v1 import session_service_pb2 as pb
+from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
+from tests.harness import InProcessSession
+from tests.session.conftest import create_agent, resolve, user_message, web
+from tests.status import error_details
+
+Call = Callable[[pb_grpc.SessionServiceStub, str], Any]
+USER = pb.Message(role=pb.ROLE_USER, content="hi")
+
+
+def _append(*events: pb.SessionEventInput, **fields: Any) -> Call:
+    def call(stub: pb_grpc.SessionServiceStub, session_id: str) -> Any:
+        request = {"agent": "main", "session_id": session_id, **fields}
+        return stub.AppendEvents(pb.AppendEventsRequest(events=events, **request))
+
+    return call
+
+
+INVALID: dict[str, tuple[Call, str]] = {
+    "agent name with a slash": (
+        lambda stub, _s: stub.CreateAgent(pb.CreateAgentRequest(agent=pb.Agent(name="../x"))),
+        "agent.name",
+    ),
+    "agent name too long": (
+        lambda stub, _s: stub.CreateAgent(pb.CreateAgentRequest(agent=pb.Agent(name="a" * 100))),
+        "agent.name",
+    ),
+    "rule without effect": (
+        lambda stub, _s: stub.CreateAgent(
+            pb.CreateAgentRequest(
+                agent=pb.Agent(name="x", permissions=[pb.PermissionRule(action="a")])
+            )
+        ),
+        "agent.permissions[0].effect",
+    ),
+    "empty update mask": (
+        lambda stub, _s: stub.UpdateAgent(pb.UpdateAgentRequest(agent=pb.Agent(name="main"))),
+        "update_mask",
+    ),
+    "unknown transport": (
+        lambda stub, _s: resolve(stub, transport="Web!", conversation_id="x"),
+        "source.transport",
+    ),
+    "chat without chat type": (
+        lambda stub, _s: resolve(stub, transport="slack", chat_id="C1"),
+        "source.chat_type",
+    ),
+    "traversal conversation id": (
+        lambda stub, _s: resolve(stub, transport="web", conversation_id="../../etc"),
+        "source.conversation_id",
+    ),
+    "join with traversal id": (
+        lambda stub, _s: stub.ResolveSession(
+            pb.ResolveSessionRequest(agent="main", session_id="../s")
+        ),
+        "session_id",
+    ),
+    "no events": (_append(), "events"),
+    "event without body": (_append(pb.SessionEventInput()), "events[0]"),
+    "message without role": (
+        _append(
+            pb.SessionEventInput(
+                message_appended=pb.MessageAppended(message=pb.Message(content="x"))
+            )
+        ),
+        "events[0].message_appended.message.role",
+    ),
+    "unknown role": (
+        _append(
+            pb.SessionEventInput(
+                message_appended=pb.MessageAppended(message=pb.Message(role=42, content="x"))  # type: ignore[arg-type]
+            )
+        ),
+        "events[0].message_appended.message.role",
+    ),
+    "10 MB message": (
+        _append(
+            pb.SessionEventInput(
+                message_appended=pb.MessageAppended(
+                    message=pb.Message(role=pb.ROLE_USER, content="x" * 10_000_000)
+                )
+            )
+        ),
+        "events[0].message_appended.message.content",
+    ),
+    "too many events": (_append(*[user_message("x")] * 101), "events"),
+    "unknown status filter": (
+        lambda stub, _s: stub.ListSessions(pb.ListSessionsRequest(agent="main", status=9)),  # type: ignore[arg-type]
+        "status",
+    ),
+    "garbage page token": (
+        lambda stub, _s: stub.ListSessions(pb.ListSessionsRequest(agent="main", page_token="zzz")),
+        "page_token",
+    ),
+    "memory without key": (
+        lambda stub, _s: stub.PutMemory(pb.PutMemoryRequest(agent="main", key="", value="v")),
+        "key",
+    ),
+    "inbox message without role": (
+        lambda stub, s: stub.PostToInbox(
+            pb.PostToInboxRequest(agent="main", session_id=s, message=pb.Message(content="x"))
+        ),
+        "message.role",
+    ),
+}
+
+
+def _head(service: InProcessSession) -> int:
+    store = service.unit.store
+    with store.database.connection_context():
+        return store.head()
+
+
+@pytest.mark.parametrize("case", sorted(INVALID))
+def test_invalid_argument_names_the_field_and_writes_nothing(
+    service: InProcessSession, case: str
+) -> None:
+    create_agent(service.stub)
+    session_id = resolve(service.stub, **web()).session.session_id
+    before = _head(service)
+    call, field = INVALID[case]
+    with pytest.raises(grpc.RpcError) as refused:
+        call(service.stub, session_id)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
+    assert error_details(refused.value)[1] == [field]
+    assert _head(service) == before
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        (
+            lambda stub: stub.AppendEvents(
+                pb.AppendEventsRequest(
+                    agent="main", session_id="s_unknown", events=[user_message("x")]
+                )
+            ),
+            grpc.StatusCode.NOT_FOUND,
+        ),
+        (
+            lambda stub: stub.GetHistory(pb.GetHistoryRequest(agent="main", session_id="nope")),
+            grpc.StatusCode.NOT_FOUND,
+        ),
+        (
+            lambda stub: stub.UpdateAgent(
+                pb.UpdateAgentRequest(
+                    agent=pb.Agent(name="ghost"),
+                    update_mask=field_mask_pb2.FieldMask(paths=["display_name"]),
+                )
+            ),
+            grpc.StatusCode.NOT_FOUND,
+        ),
+    ],
+)
+def test_unknown_things_are_not_found(
+    service: InProcessSession, call: Callable[[Any], Any], code: grpc.StatusCode
+) -> None:
+    create_agent(service.stub)
+    before = _head(service)
+    with pytest.raises(grpc.RpcError) as refused:
+        call(service.stub)
+    assert refused.value.code() == code
+    assert _head(service) == before
+
+
+def test_appending_to_an_ended_session_is_failed_precondition(service: InProcessSession) -> None:
+    create_agent(service.stub)
+    session_id = resolve(service.stub, **web()).session.session_id
+    service.stub.EndSession(pb.EndSessionRequest(agent="main", session_id=session_id))
+    before = _head(service)
+    with pytest.raises(grpc.RpcError) as refused:
+        service.stub.AppendEvents(
+            pb.AppendEventsRequest(agent="main", session_id=session_id, events=[user_message("x")])
+        )
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_details(refused.value)[0].reason == "SESSION_ENDED"
+    assert _head(service) == before
