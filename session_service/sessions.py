@@ -74,6 +74,7 @@ class Sessions:
         self.store = store
         self.limits = limits
         self._waiters: set[asyncio.Future[None]] = set()
+        self._head_poller: asyncio.Task[None] | None = None
 
     # == validation ========================================================================
 
@@ -623,28 +624,50 @@ class Sessions:
         return result
 
     async def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[pb.Event]:
-        """Events after `after`, then live ones as they commit, until the caller leaves."""
+        """Events after `after`, then live ones as they commit, until the caller leaves.
+
+        An idle watcher is a parked coroutine: local commits wake it at once, and
+        one shared poller of the log head (not one per watcher) wakes it for
+        events other replicas appended.
+        """
         if agent:
             _agent_name("agent", agent)
         if session_id:
             _session_id(session_id)
-        loop = asyncio.get_running_loop()
         last = after
         while True:
-            batch = await self.runner.read(
-                lambda last=last: self.store.read(last, 500, agent, session_id)  # type: ignore[misc]
-            )
-            for event in batch:
-                yield event
-                last = event.sequence
-            if len(batch) == 500:
-                continue
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._waiters.add(waiter)
+            # Register before reading, so a commit between the read and the wait
+            # is not missed.
+            waiter = self._register_waiter()
             try:
-                # Local commits wake us at once; the timeout finds other replicas' events.
-                await asyncio.wait_for(waiter, timeout=self.limits.watch_poll_s)
-            except TimeoutError:
-                pass
+                batch = await self.runner.read(
+                    lambda last=last: self.store.read(last, 500, agent, session_id)  # type: ignore[misc]
+                )
+                for event in batch:
+                    yield event
+                    last = event.sequence
+                if len(batch) < 500:
+                    await waiter
             finally:
                 self._waiters.discard(waiter)
+
+    def _register_waiter(self) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(waiter)
+        if self._head_poller is None or self._head_poller.done():
+            self._head_poller = loop.create_task(self._poll_head())
+        return waiter
+
+    async def _poll_head(self) -> None:
+        """While anyone watches, wakes them when the log head moves (other replicas)."""
+        try:
+            seen = await self.runner.read(self.store.head)
+            while self._waiters:
+                await asyncio.sleep(self.limits.watch_poll_s)
+                head = await self.runner.read(self.store.head)
+                if head != seen:
+                    seen = head
+                    self._notify_watchers()
+        except RuntimeError:
+            return  # the runner closed: the server is stopping
