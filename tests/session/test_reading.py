@@ -69,7 +69,11 @@ def test_hundreds_of_idle_watchers_cost_no_threads(service: InProcessSession) ->
             )
             for stream in streams:
                 stream.cancel()
-            return [item.event.message_appended.message.content for item in received]
+            contents = []
+            for item in received:
+                assert isinstance(item, pb.WatchEventsResponse), item
+                contents.append(item.event.message_appended.message.content)
+            return contents
 
     assert asyncio.run(watch_all()) == ["wake up"] * WATCHERS
 
