@@ -12,15 +12,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import peewee
 
 from session_service import replay
 from switchboard.database import Backend, bind_model, dicts, tuples
 from switchboard.session.v1 import session_service_pb2 as pb
+
+S = TypeVar("S", pb.Agent, pb.SessionState)
 
 
 class LogHeadRow(peewee.Model):
@@ -232,28 +234,25 @@ class LogStore:
     # -- states -----------------------------------------------------------------------------
 
     def agent_state(self, name: str) -> pb.Agent | None:
-        snapshot = self.latest_snapshot(agent_entity(name))
-        base = None
-        after = 0
-        if snapshot is not None:
-            after, blob = snapshot
-            base = pb.Agent.FromString(blob)
-        tail = self.entity_events(agent_entity(name), after)
-        if base is None and not tail:
-            return None
-        return replay.fold_agent(base, tail)
+        return self._state(agent_entity(name), pb.Agent, replay.apply_to_agent)
 
     def session_state(self, session_id: str) -> pb.SessionState | None:
-        snapshot = self.latest_snapshot(session_entity(session_id))
-        base = None
-        after = 0
-        if snapshot is not None:
-            after, blob = snapshot
-            base = pb.SessionState.FromString(blob)
-        tail = self.entity_events(session_entity(session_id), after)
-        if base is None and not tail:
-            return None
-        return replay.fold_session(base, tail)
+        return self._state(session_entity(session_id), pb.SessionState, replay.apply_to_session)
+
+    def _state(self, entity: str, kind: type[S], apply: Callable[[S, pb.Event], None]) -> S | None:
+        """Latest snapshot + the entity's later events; None for an entity with neither."""
+        snapshot = self.latest_snapshot(entity)
+        after, state = (
+            (0, None) if snapshot is None else (snapshot[0], kind.FromString(snapshot[1]))
+        )
+        tail = self.entity_events(entity, after)
+        if state is None:
+            if not tail:
+                return None
+            state = kind()
+        for event in tail:
+            apply(state, event)
+        return state
 
     # -- projections ------------------------------------------------------------------------
 

@@ -85,25 +85,3 @@ def _drop_through(queue: Iterable[pb.QueuedMessage], through: int) -> None:
     kept = [item for item in queue if item.sequence > through]
     del queue[:]  # type: ignore[attr-defined]
     queue.extend(kept)  # type: ignore[attr-defined]
-
-
-def fold_agent(base: pb.Agent | None, events: Iterable[pb.Event]) -> pb.Agent:
-    agent = pb.Agent()
-    if base is not None:
-        agent.CopyFrom(base)
-    for event in events:
-        apply_to_agent(agent, event)
-    return agent
-
-
-def fold_session(base: pb.SessionState | None, events: Iterable[pb.Event]) -> pb.SessionState:
-    state = pb.SessionState()
-    if base is not None:
-        state.CopyFrom(base)
-    for event in events:
-        apply_to_session(state, event)
-    return state
-
-
-#: Events that do not move a session's version: the sanctioned second writer.
-UNVERSIONED = frozenset({"inbox_posted"})

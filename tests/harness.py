@@ -15,12 +15,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 import grpc
@@ -82,58 +82,54 @@ class EventLoopThread:
         self._thread.join(timeout=10)
 
 
+U = TypeVar("U", DeliveryUnit, SessionUnit)
+Stub = TypeVar("Stub")
+
+
 @dataclass
-class InProcessDelivery:
+class InProcess(Generic[U, Stub]):
+    """A production server on 127.0.0.1 in this process, and a stub to call it."""
+
     app: GrpcApp
-    unit: DeliveryUnit
+    unit: U
     channel: grpc.Channel
-    stub: pb_grpc.DeliveryServiceStub
+    stub: Stub
 
     @property
     def address(self) -> str:
         return self.app.address
 
 
+InProcessDelivery = InProcess[DeliveryUnit, pb_grpc.DeliveryServiceStub]
+InProcessSession = InProcess[SessionUnit, session_grpc.SessionServiceStub]
+
+
 @contextmanager
-def delivery_server(
-    loop: EventLoopThread, url: str, limits: LedgerLimits | None = None, **settings: Any
-) -> Iterator[InProcessDelivery]:
-    unit = DeliveryUnit(DatabaseSettings(url=url), limits or LedgerLimits())
+def _serve(
+    loop: EventLoopThread, unit: U, stub: Callable[[grpc.Channel], Stub], **settings: Any
+) -> Iterator[InProcess[U, Stub]]:
     app = GrpcApp(unit, ServerSettings(listen="127.0.0.1:0", drain_grace_s=1.0, **settings))
     loop.run(app.start())
     channel = grpc.insecure_channel(app.address)
     try:
-        yield InProcessDelivery(app, unit, channel, pb_grpc.DeliveryServiceStub(channel))
+        yield InProcess(app, unit, channel, stub(channel))
     finally:
         channel.close()
         loop.run(app.stop())
 
 
-@dataclass
-class InProcessSession:
-    app: GrpcApp
-    unit: SessionUnit
-    channel: grpc.Channel
-    stub: session_grpc.SessionServiceStub
-
-    @property
-    def address(self) -> str:
-        return self.app.address
+def delivery_server(
+    loop: EventLoopThread, url: str, limits: LedgerLimits | None = None, **settings: Any
+) -> AbstractContextManager[InProcessDelivery]:
+    unit = DeliveryUnit(DatabaseSettings(url=url), limits or LedgerLimits())
+    return _serve(loop, unit, pb_grpc.DeliveryServiceStub, **settings)
 
 
-@contextmanager
 def session_server(
     loop: EventLoopThread, url: str, limits: SessionLimits | None = None
-) -> Iterator[InProcessSession]:
+) -> AbstractContextManager[InProcessSession]:
     unit = SessionUnit(DatabaseSettings(url=url), limits or SessionLimits(watch_poll_s=0.2))
-    app = GrpcApp(unit, ServerSettings(listen="127.0.0.1:0", drain_grace_s=1.0))
-    loop.run(app.start())
-    channel = grpc.insecure_channel(app.address)
-    try:
-        yield InProcessSession(app, unit, channel, session_grpc.SessionServiceStub(channel))
-    finally:
-        channel.close()
-        loop.run(app.stop())
+    return _serve(loop, unit, session_grpc.SessionServiceStub)
 
 
 class Gateway:
