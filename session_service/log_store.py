@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import peewee
 
 from session_service import replay
+from session_service.timeline import Timeline
 from switchboard.database import Backend, bind_model, dicts, tuples
 from switchboard.session.v1 import session_service_pb2 as pb
 
@@ -96,6 +97,31 @@ class SnapshotRow(peewee.Model):
         primary_key = peewee.CompositeKey("entity", "seq")
 
 
+class RewindRow(peewee.Model):
+    seq = peewee.BigIntegerField(primary_key=True)  # the rewind record's sequence
+    target = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_rewind"
+
+
+class CheckpointRow(peewee.Model):
+    label = peewee.CharField(max_length=128, primary_key=True)
+    seq = peewee.BigIntegerField()
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "session_checkpoint"
+
+
+class RetentionRow(peewee.Model):
+    id = peewee.IntegerField(primary_key=True)
+    retained_from = peewee.BigIntegerField()  # the lowest sequence a rewind may target
+
+    class Meta:
+        table_name = "session_retention"
+
+
 @dataclass(frozen=True)
 class SessionIndex:
     """A session's projection row: what routing, lists and version checks read."""
@@ -129,13 +155,140 @@ class LogStore:
         self.Session = bind_model(SessionRow, self.database)
         self.Route = bind_model(RouteRow, self.database)
         self.Snapshot = bind_model(SnapshotRow, self.database)
-        self.models = (self.Head, self.Event, self.Agent, self.Session, self.Route, self.Snapshot)
+        self.Rewind = bind_model(RewindRow, self.database)
+        self.Checkpoint = bind_model(CheckpointRow, self.database)
+        self.Retention = bind_model(RetentionRow, self.database)
+        self.models = (
+            self.Head, self.Event, self.Agent, self.Session, self.Route, self.Snapshot,
+            self.Rewind, self.Checkpoint, self.Retention,
+        )  # fmt: skip
+        self._timeline = Timeline()
         self._q = self.database.param
 
     def create_schema(self) -> None:
         with self.database.connection_context():
             self.database.create_tables(self.models, safe=True)
             self.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
+            self.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
+
+    # -- the timeline -----------------------------------------------------------------------
+
+    def timeline(self) -> Timeline:
+        """The abandoned intervals, reloaded only when another rewind has been logged
+        (by this process or another replica)."""
+        newest = int(self.Rewind.select(peewee.fn.MAX(self.Rewind.seq)).scalar() or 0)
+        if newest != self._timeline.newest_record:
+            records = tuples(self.Rewind.select(self.Rewind.seq, self.Rewind.target))
+            self._timeline = Timeline.from_records((int(s), int(t)) for s, t in records)
+        return self._timeline
+
+    def _active(self, timeline: Timeline | None = None) -> peewee.Expression:
+        """Log rows outside every abandoned interval."""
+        condition: peewee.Expression = self.Event.seq > -1
+        for low, high in (timeline or self.timeline()).abandoned:
+            condition &= (self.Event.seq <= low) | (self.Event.seq >= high)
+        return condition
+
+    def _active_snapshot(self, timeline: Timeline) -> peewee.Expression:
+        condition: peewee.Expression = self.Snapshot.seq > -1
+        for low, high in timeline.abandoned:
+            condition &= (self.Snapshot.seq <= low) | (self.Snapshot.seq >= high)
+        return condition
+
+    def add_rewind(self, seq: int, target: int) -> Timeline:
+        self.Rewind.insert(seq=seq, target=target).execute()
+        return self.timeline()
+
+    def rewind_events(self) -> list[pb.Event]:
+        query = self.Event.select(self.Event.payload).where(self.Event.kind == "rewound")
+        return [_event(p) for (p,) in tuples(query.order_by(self.Event.seq))]
+
+    def touched_since(self, seq: int) -> tuple[set[str], set[str]]:
+        """(agents, session ids) with any event after `seq`, on any branch."""
+        query = (
+            self.Event.select(self.Event.agent, self.Event.session_id)
+            .where((self.Event.seq > seq) & (self.Event.kind != "rewound"))
+            .distinct()
+        )
+        agents: set[str] = set()
+        sessions: set[str] = set()
+        for agent, session_id in tuples(query):
+            if session_id:
+                sessions.add(session_id)
+            else:
+                agents.add(agent)
+        return agents, sessions
+
+    def has_active_events_after(self, seq: int) -> bool:
+        query = self.Event.select(self.Event.seq).where(
+            (self.Event.seq > seq) & (self.Event.kind != "rewound") & self._active()
+        )
+        return bool(query.limit(1).exists())
+
+    def retained_from(self) -> int:
+        return int(self.Retention.get_by_id(1).retained_from)
+
+    def entities_needing_events_below(self, seq: int) -> list[str]:
+        """Entities whose state at `seq` or later would need a log event below `seq`.
+
+        Each entity with events below `seq` needs an active snapshot taken at or
+        after its last such event and no later than `seq`; and no abandoned branch
+        may cross `seq` (a checkout onto it would need its deleted start).
+        """
+        timeline = self.timeline()
+        if any(low < seq < high for low, high in timeline.abandoned):
+            return ["an abandoned branch crossing that sequence"]
+        last_below = tuples(
+            self.Event.select(
+                self.Event.agent, self.Event.session_id, peewee.fn.MAX(self.Event.seq)
+            )
+            .where((self.Event.seq < seq) & (self.Event.kind != "rewound") & self._active(timeline))
+            .group_by(self.Event.agent, self.Event.session_id)
+        )
+        blocking = []
+        for agent, session_id, last in last_below:
+            entity = session_entity(session_id) if session_id else agent_entity(agent)
+            covered = (
+                self.Snapshot.select()
+                .where(
+                    (self.Snapshot.entity == entity)
+                    & (self.Snapshot.seq >= last)
+                    & (self.Snapshot.seq <= seq)
+                    & self._active_snapshot(timeline)
+                )
+                .exists()
+            )
+            if not covered:
+                blocking.append(entity)
+        return blocking
+
+    def truncate_below(self, seq: int) -> int:
+        deleted = (
+            self.Event.delete()
+            .where((self.Event.seq < seq) & (self.Event.kind != "rewound"))
+            .execute()
+        )
+        self.Retention.update(retained_from=seq).where(self.Retention.id == 1).execute()
+        return int(deleted)
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def add_checkpoint(self, label: str, seq: int, now: float) -> bool:
+        inserted = (
+            self.Checkpoint.insert(label=label, seq=seq, created_at=now)
+            .on_conflict_ignore()
+            .as_rowcount()
+            .execute()
+        )
+        return bool(inserted)
+
+    def checkpoint(self, label: str) -> tuple[str, int, float] | None:
+        rows = tuples(self.Checkpoint.select().where(self.Checkpoint.label == label))
+        return (str(rows[0][0]), int(rows[0][1]), float(rows[0][2])) if rows else None
+
+    def checkpoints(self) -> list[tuple[str, int, float]]:
+        rows = tuples(self.Checkpoint.select().order_by(self.Checkpoint.seq, self.Checkpoint.label))
+        return [(str(label), int(seq), float(at)) for label, seq, at in rows]
 
     def _sql(self, text: str) -> str:
         return text.replace("?", self._q)
@@ -182,10 +335,11 @@ class LogStore:
         session_id: str = "",
     ) -> list[pb.Event]:
         query = self.Event.select(self.Event.payload).where(self.Event.seq > after_seq)
+        is_rewind = self.Event.kind == "rewound"
         if agent:
-            query = query.where(self.Event.agent == agent)
+            query = query.where((self.Event.agent == agent) | is_rewind)
         if session_id:
-            query = query.where(self.Event.session_id == session_id)
+            query = query.where((self.Event.session_id == session_id) | is_rewind)
         rows = tuples(query.order_by(self.Event.seq).limit(limit))
         return [_event(payload) for (payload,) in rows]
 
@@ -197,17 +351,21 @@ class LogStore:
             where = self.Event.session_id == key
         query = (
             self.Event.select(self.Event.payload)
-            .where(where & (self.Event.seq > after_seq))
+            .where(where & (self.Event.seq > after_seq) & self._active())
             .order_by(self.Event.seq)
         )
         return [_event(payload) for (payload,) in tuples(query)]
 
-    def history(self, session_id: str, after_seq: int, limit: int, newest: bool) -> list[pb.Event]:
+    def history(
+        self, session_id: str, after_seq: int, limit: int, newest: bool, include_abandoned: bool
+    ) -> list[pb.Event]:
         query = self.Event.select(self.Event.payload).where(
             (self.Event.session_id == session_id)
             & (self.Event.kind == "message_appended")
             & (self.Event.seq > after_seq)
         )
+        if not include_abandoned:
+            query = query.where(self._active())
         order = self.Event.seq.desc() if newest else self.Event.seq
         events = [_event(p) for (p,) in tuples(query.order_by(order).limit(limit))]
         return events[::-1] if newest else events
@@ -215,15 +373,14 @@ class LogStore:
     # -- snapshots --------------------------------------------------------------------------
 
     def latest_snapshot(self, entity: str) -> tuple[int, bytes] | None:
-        row = (
-            self.Snapshot.select(self.Snapshot.seq, self.Snapshot.state)
-            .where(self.Snapshot.entity == entity)
-            .order_by(self.Snapshot.seq.desc())
-            .limit(1)
-            .tuples()
-            .first()
+        """The newest snapshot whose sequence is active: one taken at a sequence a
+        rewind later abandoned describes a state that no longer exists."""
+        query = self.Snapshot.select(self.Snapshot.seq, self.Snapshot.state).where(
+            self.Snapshot.entity == entity
         )
-        return None if row is None else (int(row[0]), bytes(row[1]))
+        query = query.where(self._active_snapshot(self.timeline()))
+        rows = tuples(query.order_by(self.Snapshot.seq.desc()).limit(1))
+        return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
 
     def save_snapshot(self, entity: str, seq: int, state: bytes) -> None:
         self.Snapshot.insert(entity=entity, seq=seq, state=state).on_conflict_ignore().execute()
@@ -372,10 +529,26 @@ class LogStore:
     def event_count(self) -> int:
         return int(self.Event.select().count())
 
-    def all_events(self, batch: int = 5000) -> Iterable[pb.Event]:
+    def delete_agent_index(self, name: str) -> None:
+        self.Agent.delete().where(self.Agent.name == name).execute()
+
+    def delete_session_index(self, session_id: str) -> None:
+        self.Session.delete().where(self.Session.session_id == session_id).execute()
+
+    def drop_routes_to(self, session_ids: Iterable[str]) -> None:
+        self.Route.delete().where(self.Route.session_id.in_(list(session_ids))).execute()
+
+    def active_events(self, batch: int = 5000) -> Iterable[pb.Event]:
+        """Every active event except rewind records, in order (what a rebuild replays)."""
         after = 0
         while True:
-            events = self.read(after, batch)
+            query = (
+                self.Event.select(self.Event.payload)
+                .where((self.Event.seq > after) & (self.Event.kind != "rewound") & self._active())
+                .order_by(self.Event.seq)
+                .limit(batch)
+            )
+            events = [_event(p) for (p,) in tuples(query)]
             if not events:
                 return
             yield from events

@@ -42,7 +42,7 @@ def verify(sessions: Sessions) -> int:
 def rebuild(
     sessions: Sessions, progress: Callable[[int, int], None] | None = None
 ) -> RebuildReport:
-    """Replays the whole log into fresh projections in one write transaction.
+    """Replays the whole active log into fresh projections in one write transaction.
 
     Reports how many projection rows differed from what was there before.
     """
@@ -53,7 +53,7 @@ def rebuild(
         total = store.event_count()
         before = store.projection_rows()
         store.clear_projections()
-        for event in store.all_events():
+        for event in store.active_events():
             sessions.project(event)
             report.events += 1
             if progress is not None and report.events % 1000 == 0:

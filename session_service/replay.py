@@ -52,6 +52,7 @@ def apply_to_session(state: pb.SessionState, event: pb.Event) -> None:
         session.source.CopyFrom(opened.source)
         session.status = pb.SESSION_STATUS_OPEN
         session.create_time.CopyFrom(event.time)
+        session.create_sequence = event.sequence
         state.temp_state.update(opened.temp_state)
     elif body == "session_ended":
         session.status = pb.SESSION_STATUS_ENDED

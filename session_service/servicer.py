@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from session_service.sessions import Sessions
+from session_service.time_travel import TimeTravel
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 
@@ -19,6 +20,7 @@ Context = Any  # grpc.aio.ServicerContext; unused by these handlers
 class SessionServicer(pb_grpc.SessionServiceServicer):
     def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
+        self.time_travel = TimeTravel(sessions)
 
     async def CreateAgent(  # noqa: N802
         self, request: pb.CreateAgentRequest, context: Context
@@ -129,6 +131,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.after_sequence,
             request.limit,
             request.newest,
+            request.include_abandoned,
         )
         return pb.GetHistoryResponse(messages=messages)
 
@@ -150,3 +153,33 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         events = self.sessions.watch(request.after_sequence, request.agent, request.session_id)
         async for event in events:
             yield pb.WatchEventsResponse(event=event)
+
+    async def CreateCheckpoint(  # noqa: N802
+        self, request: pb.CreateCheckpointRequest, context: Context
+    ) -> pb.CreateCheckpointResponse:
+        checkpoint = await self.time_travel.create_checkpoint(request.label)
+        return pb.CreateCheckpointResponse(checkpoint=checkpoint)
+
+    async def ListCheckpoints(  # noqa: N802
+        self, request: pb.ListCheckpointsRequest, context: Context
+    ) -> pb.ListCheckpointsResponse:
+        checkpoints = await self.time_travel.list_checkpoints()
+        return pb.ListCheckpointsResponse(checkpoints=checkpoints)
+
+    async def Rewind(  # noqa: N802
+        self, request: pb.RewindRequest, context: Context
+    ) -> pb.RewindResponse:
+        sequence = request.sequence if request.WhichOneof("target") == "sequence" else None
+        record = await self.time_travel.rewind(sequence, request.checkpoint)
+        return pb.RewindResponse(record=record)
+
+    async def Checkout(  # noqa: N802
+        self, request: pb.CheckoutRequest, context: Context
+    ) -> pb.CheckoutResponse:
+        return pb.CheckoutResponse(record=await self.time_travel.checkout(request.sequence))
+
+    async def TruncateLog(  # noqa: N802
+        self, request: pb.TruncateLogRequest, context: Context
+    ) -> pb.TruncateLogResponse:
+        retained, deleted = await self.time_travel.truncate(request.below_sequence)
+        return pb.TruncateLogResponse(retained_from=retained, deleted_count=deleted)

@@ -201,7 +201,7 @@ class Sessions:
         self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent.SerializeToString())
         self.store.set_agent_snapshot_version(name, agent.version)
 
-    def _notify_watchers(self) -> None:
+    def notify_watchers(self) -> None:
         waiters, self._waiters = self._waiters, set()
         for waiter in waiters:
             if not waiter.done():
@@ -209,7 +209,7 @@ class Sessions:
 
     async def _write(self, op: Callable[[float], Any]) -> Any:
         result = await self.runner.write(op)
-        self._notify_watchers()
+        self.notify_watchers()
         return result
 
     # == agents ============================================================================
@@ -582,7 +582,13 @@ class Sessions:
     # == sessions: reading =================================================================
 
     async def history(
-        self, agent: str, session_id: str, after: int, limit: int, newest: bool
+        self,
+        agent: str,
+        session_id: str,
+        after: int,
+        limit: int,
+        newest: bool,
+        include_abandoned: bool = False,
     ) -> list[pb.QueuedMessage]:
         _agent_name("agent", agent)
         _session_id(session_id)
@@ -590,9 +596,14 @@ class Sessions:
 
         def op() -> list[pb.QueuedMessage]:
             self._session_of(agent, session_id)
-            events = self.store.history(session_id, after, size, newest)
+            events = self.store.history(session_id, after, size, newest, include_abandoned)
+            timeline = self.store.timeline()
             return [
-                pb.QueuedMessage(sequence=e.sequence, message=e.message_appended.message)
+                pb.QueuedMessage(
+                    sequence=e.sequence,
+                    message=e.message_appended.message,
+                    abandoned=not timeline.is_active(e.sequence),
+                )
                 for e in events
             ]
 
@@ -668,6 +679,6 @@ class Sessions:
                 head = await self.runner.read(self.store.head)
                 if head != seen:
                     seen = head
-                    self._notify_watchers()
+                    self.notify_watchers()
         except RuntimeError:
             return  # the runner closed: the server is stopping
