@@ -171,7 +171,7 @@ def test_timeline_matches_the_model(
             return f"sqlite:///{tmp_path / f'example-{next(examples)}.sqlite3'}"
         return stack.enter_context(postgres_schema())
 
-    TimelineMachine.fresh_database = staticmethod(fresh_database)  # type: ignore[assignment]
+    TimelineMachine.fresh_database = staticmethod(fresh_database)
     TimelineMachine.loop = loop_thread
     run_state_machine_as_test(
         TimelineMachine,
