@@ -40,6 +40,9 @@ class EventRow(peewee.Model):
     session_id = peewee.CharField(max_length=128, null=True)
     kind = peewee.CharField(max_length=32)
     payload = peewee.BlobField()  # a serialized pb.Event: typed, never pickle
+    # Tool-call bookkeeping, so a rewind can find the cycles it would cut:
+    # "c:<id>\n<id>…" on a message requesting calls, "r:<id>" on a tool result.
+    tool_ref = peewee.TextField(null=True)
 
     class Meta:
         table_name = "session_log"
@@ -219,6 +222,29 @@ class LogStore:
                 agents.add(agent)
         return agents, sessions
 
+    def tool_results_after(self, seq: int) -> dict[str, set[str]]:
+        """Per session, the tool calls answered by active events after `seq`."""
+        query = self.Event.select(self.Event.session_id, self.Event.tool_ref).where(
+            (self.Event.seq > seq) & self.Event.tool_ref.startswith("r:") & self._active()
+        )
+        answered: dict[str, set[str]] = {}
+        for session_id, ref in tuples(query):
+            answered.setdefault(session_id, set()).add(ref[2:])
+        return answered
+
+    def earliest_request(
+        self, session_id: str, call_ids: set[str], at_or_before: int
+    ) -> int | None:
+        """The earliest active message at or before a sequence requesting one of the calls."""
+        query = self.Event.select(self.Event.seq, self.Event.tool_ref).where(
+            (self.Event.session_id == session_id)
+            & (self.Event.seq <= at_or_before)
+            & self.Event.tool_ref.startswith("c:")
+            & self._active()
+        )
+        starts = [int(seq) for seq, ref in tuples(query) if call_ids & set(ref[2:].split("\n"))]
+        return min(starts, default=None)
+
     def has_active_events_after(self, seq: int) -> bool:
         query = self.Event.select(self.Event.seq).where(
             (self.Event.seq > seq) & (self.Event.kind != "rewound") & self._active()
@@ -316,12 +342,13 @@ class LogStore:
                     event.session_id or None,
                     event.WhichOneof("body"),
                     event.SerializeToString(),
+                    _tool_ref(event),
                 )
             )
         self.database.cursor().executemany(
             self._sql(
-                "INSERT INTO session_log (seq, agent, session_id, kind, payload) "
-                "VALUES (?, ?, ?, ?, ?)"
+                "INSERT INTO session_log (seq, agent, session_id, kind, payload, tool_ref) "
+                "VALUES (?, ?, ?, ?, ?, ?)"
             ),
             rows,
         )
@@ -553,6 +580,17 @@ class LogStore:
                 return
             yield from events
             after = events[-1].sequence
+
+
+def _tool_ref(event: pb.Event) -> str | None:
+    if event.WhichOneof("body") != "message_appended":
+        return None
+    message = event.message_appended.message
+    if message.role == pb.ROLE_TOOL and message.tool_call_id:
+        return f"r:{message.tool_call_id}"
+    if message.tool_calls:
+        return "c:" + "\n".join(call.id for call in message.tool_calls)
+    return None
 
 
 def _event(payload: bytes) -> pb.Event:

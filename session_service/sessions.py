@@ -91,6 +91,15 @@ class Sessions:
         validation.text(f"{field}.sender", message.sender, max_len=256)
         validation.text(f"{field}.message_ref", message.message_ref, max_len=256)
         validation.text(f"{field}.tool_call_id", message.tool_call_id, max_len=256)
+        for index, call in enumerate(message.tool_calls):
+            validation.text(f"{field}.tool_calls[{index}].id", call.id, max_len=256, required=True)
+            validation.text(f"{field}.tool_calls[{index}].name", call.name, max_len=256)
+            validation.text(
+                f"{field}.tool_calls[{index}].arguments",
+                call.arguments,
+                max_len=self.limits.max_content_bytes,
+                allow_newlines=True,
+            )
         validation.string_map(f"{field}.metadata", message.metadata)
         return message
 

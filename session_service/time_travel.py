@@ -71,6 +71,7 @@ class TimeTravel:
                     )
                 target = found[1]
             self._check_reachable(target)
+            target = self._outside_tool_cycles(target)
             if not self.store.timeline().is_active(target):
                 raise FailedPrecondition(
                     "REWIND_INTO_ABANDONED",
@@ -108,6 +109,19 @@ class TimeTravel:
                 "REWIND_BEYOND_RETENTION",
                 f"sequence {target} is below the retained log, which starts at {retained}",
             )
+
+    def _outside_tool_cycles(self, target: int) -> int:
+        """A cut between a tool call and its result would leave the call dangling:
+        move it back to just before the message that requested the call."""
+        while True:
+            starts = [
+                self.store.earliest_request(session_id, call_ids, target)
+                for session_id, call_ids in self.store.tool_results_after(target).items()
+            ]
+            earliest = min((start for start in starts if start is not None), default=None)
+            if earliest is None:
+                return target
+            target = earliest - 1
 
     def _latest_record(self) -> pb.Event | None:
         records = self.store.rewind_events()

@@ -3,8 +3,11 @@ state equals a from-scratch replay."""
 
 from __future__ import annotations
 
+import contextlib
+import random
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -14,7 +17,7 @@ from session_service import recovery
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import EventLoopThread, ServerProcess, session_server
-from tests.session.conftest import create_agent, resolve, user_message, web
+from tests.session.conftest import append, create_agent, resolve, user_message, web
 
 pytestmark = pytest.mark.slow
 WRITERS = 4
@@ -80,3 +83,49 @@ def test_sigkill_during_an_append_storm_loses_nothing_acknowledged(
                 pb.GetSessionStateRequest(agent="main", session_id=session_id)
             )
             assert after == before
+
+
+def test_sigkill_mid_rewind_is_all_or_nothing_and_repeatable(
+    database_url: str, tmp_path: Path, loop_thread: EventLoopThread
+) -> None:
+    server = ServerProcess(database_url, tmp_path, service="session")
+    try:
+        channel = grpc.insecure_channel(server.start())
+        stub = pb_grpc.SessionServiceStub(channel)
+        create_agent(stub)
+        sessions = [resolve(stub, **web(f"tab-{i}")).session.session_id for i in range(20)]
+        for session_id in sessions:
+            append(stub, session_id, user_message("kept"))
+        mark = stub.CreateCheckpoint(pb.CreateCheckpointRequest(label="cut")).checkpoint.sequence
+        for session_id in sessions:
+            for _ in range(5):
+                append(stub, session_id, *[user_message("abandoned")] * 100)
+        rewinding = threading.Thread(
+            target=lambda: _quietly(lambda: stub.Rewind(pb.RewindRequest(sequence=mark))),
+        )
+        rewinding.start()
+        time.sleep(random.uniform(0.0, 0.04))  # the rewind itself takes about 35 ms here
+        server.kill()
+        rewinding.join(timeout=30)
+        channel.close()
+    finally:
+        server.stop_quietly()
+
+    with session_server(loop_thread, database_url) as restarted:
+        lengths = {len(_texts(restarted.stub, s)) for s in sessions}
+        assert lengths in ({1}, {501}), f"half a rewind: {lengths}"
+        first = restarted.stub.Rewind(pb.RewindRequest(sequence=mark)).record
+        again = restarted.stub.Rewind(pb.RewindRequest(sequence=mark)).record
+        assert again == first
+        assert all(_texts(restarted.stub, s) == ["kept"] for s in sessions)
+        assert not recovery.rebuild(restarted.unit.sessions).differed
+
+
+def _texts(stub: pb_grpc.SessionServiceStub, session_id: str) -> list[str]:
+    request = pb.GetHistoryRequest(agent="main", session_id=session_id, limit=1000)
+    return [m.message.content for m in stub.GetHistory(request).messages]
+
+
+def _quietly(call: Callable[[], object]) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        call()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
+from session_service import recovery
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import InProcessSession
@@ -229,3 +230,48 @@ def test_a_two_agent_rewind_is_one_cut_even_under_racing_appends(
         assert history[0].message.content == "before"
         assert kept[1:] == [s for s in acknowledged[agent] if s > cut], agent
         assert all(s <= mark or s > cut for s in kept)
+
+
+def test_projections_after_rewinds_equal_a_rebuild(chat: tuple[InProcessSession, str]) -> None:
+    service, session_id = chat
+    stub = service.stub
+    mark = _checkpoint(stub, "cut")
+    resolve(stub, **web("gone"))
+    stub.ResetSession(pb.ResetSessionRequest(agent="main", session_id=session_id, reason="/new"))
+    tip = append(stub, resolve(stub, **web()).session.session_id, user_message("x")).events[0]
+    _rewind(stub, mark)
+    stub.Checkout(pb.CheckoutRequest(sequence=tip.sequence))
+    report = recovery.rebuild(service.unit.sessions)
+    assert not report.differed, report.differences
+
+
+def test_a_cut_inside_a_tool_call_cycle_leaves_nothing_dangling(
+    chat: tuple[InProcessSession, str],
+) -> None:
+    service, session_id = chat
+    stub = service.stub
+    call = pb.ToolCall(id="call-1", name="search", arguments='{"q": "x"}')
+    events = append(
+        stub,
+        session_id,
+        user_message("find x"),
+        pb.SessionEventInput(
+            message_appended=pb.MessageAppended(
+                message=pb.Message(role=pb.ROLE_ASSISTANT, tool_calls=[call])
+            )
+        ),
+        pb.SessionEventInput(
+            message_appended=pb.MessageAppended(
+                message=pb.Message(role=pb.ROLE_TOOL, tool_call_id="call-1", content="found")
+            )
+        ),
+        pb.SessionEventInput(
+            message_appended=pb.MessageAppended(
+                message=pb.Message(role=pb.ROLE_ASSISTANT, content="x is here")
+            )
+        ),
+    ).events
+    request = events[1].sequence  # the cut would fall between the call and its result
+    record = _rewind(stub, request)
+    assert record.rewound.to_sequence == request - 1
+    assert _history(stub, session_id) == ["find x"]
