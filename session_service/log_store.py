@@ -370,7 +370,9 @@ class LogStore:
         rows = tuples(query.order_by(self.Event.seq).limit(limit))
         return [_event(payload) for (payload,) in rows]
 
-    def entity_events(self, entity: str, after_seq: int) -> list[pb.Event]:
+    def entity_events(
+        self, entity: str, after_seq: int, until: int | None = None
+    ) -> list[pb.Event]:
         kind, _, key = entity.partition(":")
         if kind == "agent":
             where = (self.Event.agent == key) & self.Event.session_id.is_null()
@@ -381,6 +383,8 @@ class LogStore:
             .where(where & (self.Event.seq > after_seq) & self._active())
             .order_by(self.Event.seq)
         )
+        if until is not None:
+            query = query.where(self.Event.seq <= until)
         return [_event(payload) for (payload,) in tuples(query)]
 
     def history(
@@ -399,13 +403,15 @@ class LogStore:
 
     # -- snapshots --------------------------------------------------------------------------
 
-    def latest_snapshot(self, entity: str) -> tuple[int, bytes] | None:
+    def latest_snapshot(self, entity: str, until: int | None = None) -> tuple[int, bytes] | None:
         """The newest snapshot whose sequence is active: one taken at a sequence a
         rewind later abandoned describes a state that no longer exists."""
         query = self.Snapshot.select(self.Snapshot.seq, self.Snapshot.state).where(
             self.Snapshot.entity == entity
         )
         query = query.where(self._active_snapshot(self.timeline()))
+        if until is not None:
+            query = query.where(self.Snapshot.seq <= until)
         rows = tuples(query.order_by(self.Snapshot.seq.desc()).limit(1))
         return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
 
@@ -420,16 +426,25 @@ class LogStore:
     def agent_state(self, name: str) -> pb.Agent | None:
         return self._state(agent_entity(name), pb.Agent, replay.apply_to_agent)
 
-    def session_state(self, session_id: str) -> pb.SessionState | None:
-        return self._state(session_entity(session_id), pb.SessionState, replay.apply_to_session)
+    def session_state(self, session_id: str, until: int | None = None) -> pb.SessionState | None:
+        return self._state(
+            session_entity(session_id), pb.SessionState, replay.apply_to_session, until
+        )
 
-    def _state(self, entity: str, kind: type[S], apply: Callable[[S, pb.Event], None]) -> S | None:
-        """Latest snapshot + the entity's later events; None for an entity with neither."""
-        snapshot = self.latest_snapshot(entity)
+    def _state(
+        self,
+        entity: str,
+        kind: type[S],
+        apply: Callable[[S, pb.Event], None],
+        until: int | None = None,
+    ) -> S | None:
+        """Latest snapshot + the entity's later events (up to `until`); None for an
+        entity with neither."""
+        snapshot = self.latest_snapshot(entity, until)
         after, state = (
             (0, None) if snapshot is None else (snapshot[0], kind.FromString(snapshot[1]))
         )
-        tail = self.entity_events(entity, after)
+        tail = self.entity_events(entity, after, until)
         if state is None:
             if not tail:
                 return None

@@ -53,7 +53,13 @@ def apply_to_session(state: pb.SessionState, event: pb.Event) -> None:
         session.status = pb.SESSION_STATUS_OPEN
         session.create_time.CopyFrom(event.time)
         session.create_sequence = event.sequence
+        session.lineage.CopyFrom(opened.lineage)
+        session.narrowing.extend(opened.narrowing)
         state.temp_state.update(opened.temp_state)
+        if opened.HasField("task"):
+            state.current_task.CopyFrom(opened.task)
+    elif body == "permission_checked":
+        pass  # an audit record: it changes nothing
     elif body == "session_ended":
         session.status = pb.SESSION_STATUS_ENDED
         session.end_reason = event.session_ended.reason

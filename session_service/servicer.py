@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from session_service.multi_agent import MultiAgent
 from session_service.sessions import Sessions
 from session_service.time_travel import TimeTravel
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -21,6 +22,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
         self.time_travel = TimeTravel(sessions)
+        self.multi_agent = MultiAgent(sessions)
 
     async def CreateAgent(  # noqa: N802
         self, request: pb.CreateAgentRequest, context: Context
@@ -183,3 +185,41 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     ) -> pb.TruncateLogResponse:
         retained, deleted = await self.time_travel.truncate(request.below_sequence)
         return pb.TruncateLogResponse(retained_from=retained, deleted_count=deleted)
+
+    async def ForkSession(  # noqa: N802
+        self, request: pb.ForkSessionRequest, context: Context
+    ) -> pb.ForkSessionResponse:
+        session = await self.multi_agent.fork(
+            request.agent, request.session_id, request.at_sequence, request.narrowing
+        )
+        return pb.ForkSessionResponse(session=session)
+
+    async def Delegate(  # noqa: N802
+        self, request: pb.DelegateRequest, context: Context
+    ) -> pb.DelegateResponse:
+        session, created = await self.multi_agent.delegate(
+            request.agent, request.session_id, request.to_agent, request.task, request.context
+        )
+        return pb.DelegateResponse(session=session, created=created)
+
+    async def SendToPeer(  # noqa: N802
+        self, request: pb.SendToPeerRequest, context: Context
+    ) -> pb.SendToPeerResponse:
+        source = request.source if request.WhichOneof("target") == "source" else None
+        event = await self.multi_agent.send_to_peer(
+            request.agent,
+            request.session_id,
+            request.to_agent,
+            source,
+            request.to_session_id,
+            request.message,
+        )
+        return pb.SendToPeerResponse(event=event)
+
+    async def CheckPermission(  # noqa: N802
+        self, request: pb.CheckPermissionRequest, context: Context
+    ) -> pb.CheckPermissionResponse:
+        decision, sequence = await self.multi_agent.check(
+            request.agent, request.session_id, request.action, request.resource
+        )
+        return pb.CheckPermissionResponse(decision=decision, sequence=sequence)

@@ -12,11 +12,12 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Any
 
 from google.protobuf import field_mask_pb2
 
-from session_service import replay, routing
+from session_service import permissions, replay, routing
 from session_service.log_store import LogStore, SessionIndex, agent_entity, session_entity
 from switchboard import pagination, validation
 from switchboard.database import TransactionRunner
@@ -26,6 +27,7 @@ from switchboard.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
 )
 from switchboard.session.v1 import session_service_pb2 as pb
 
@@ -44,7 +46,7 @@ class SessionLimits:
     watch_poll_s: float = 1.0
 
 
-def _agent_name(field: str, value: str) -> str:
+def agent_name(field: str, value: str) -> str:
     if not _AGENT_NAME.match(value):
         raise InvalidArgument(
             field,
@@ -54,7 +56,7 @@ def _agent_name(field: str, value: str) -> str:
     return value
 
 
-def _session_id(value: str) -> str:
+def checked_session_id(value: str) -> str:
     if not _SESSION_ID.match(value) or ".." in value:
         raise InvalidArgument(
             "session_id",
@@ -64,7 +66,7 @@ def _session_id(value: str) -> str:
     return value
 
 
-def _new_session_id() -> str:
+def new_session_id() -> str:
     return f"s_{uuid.uuid4().hex}"
 
 
@@ -78,7 +80,7 @@ class Sessions:
 
     # == validation ========================================================================
 
-    def _checked_message(self, field: str, message: pb.Message) -> pb.Message:
+    def checked_message(self, field: str, message: pb.Message) -> pb.Message:
         if message.role == pb.ROLE_UNSPECIFIED or message.role not in pb.Role.values():
             raise InvalidArgument(f"{field}.role", "must be USER, ASSISTANT, SYSTEM or TOOL")
         size = len(message.content.encode("utf-8"))
@@ -104,7 +106,7 @@ class Sessions:
         return message
 
     def _checked_agent(self, agent: pb.Agent) -> None:
-        _agent_name("agent.name", agent.name)
+        agent_name("agent.name", agent.name)
         validation.text("agent.display_name", agent.display_name, max_len=256)
         validation.text("agent.workspace_root", agent.workspace_root, max_len=1024)
         for index, rule in enumerate(agent.permissions):
@@ -115,12 +117,14 @@ class Sessions:
             )
             validation.text(f"agent.permissions[{index}].resource", rule.resource, max_len=1024)
         for index, peer in enumerate(agent.peers):
-            _agent_name(f"agent.peers[{index}]", peer)
+            agent_name(f"agent.peers[{index}]", peer)
+        if agent.parent:
+            agent_name("agent.parent", agent.parent)
         validation.string_map("agent.memory", agent.memory, max_entries=1000)
 
     # == the log ===========================================================================
 
-    def _log(self, now: float, events: Sequence[pb.Event]) -> list[pb.Event]:
+    def log(self, now: float, events: Sequence[pb.Event]) -> list[pb.Event]:
         """Appends events and keeps the projections and snapshots with them."""
         logged = self.store.append(events, now)
         for event in logged:
@@ -216,14 +220,14 @@ class Sessions:
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def _write(self, op: Callable[[float], Any]) -> Any:
+    async def write(self, op: Callable[[float], Any]) -> Any:
         result = await self.runner.write(op)
         self.notify_watchers()
         return result
 
     # == agents ============================================================================
 
-    def _live_agent(self, name: str) -> pb.Agent:
+    def live_agent(self, name: str) -> pb.Agent:
         agent = self.store.agent_state(name)
         if agent is None:
             raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
@@ -241,15 +245,31 @@ class Sessions:
         def op(now: float) -> pb.Agent:
             if self.store.agent_index(agent.name) is not None:
                 raise AlreadyExists("AGENT_EXISTS", f"agent {agent.name!r} exists already")
+            if agent.parent:
+                self._bound_by_parent(created)
             event = pb.Event(agent=agent.name, agent_created=pb.AgentCreated(agent=created))
-            self._log(now, [event])
-            return self._live_agent(agent.name)
+            self.log(now, [event])
+            return self.live_agent(agent.name)
 
-        result: pb.Agent = await self._write(op)
+        result: pb.Agent = await self.write(op)
         return result
 
+    def _bound_by_parent(self, child: pb.Agent) -> None:
+        """A sub-agent may hold no permission its parent lacks; it keeps the parent's denials."""
+        parent = self.live_agent(child.parent)
+        excess = permissions.covers(parent, child.permissions)
+        if excess is None and not set(child.peers) <= set(parent.peers):
+            excess = f"peers {sorted(set(child.peers) - set(parent.peers))} are not the parent's"
+        if excess is not None:
+            raise PermissionDenied(
+                "EXCEEDS_PARENT",
+                f"sub-agent {child.name!r} may not exceed its parent {parent.name!r}: {excess}",
+            )
+        inherited = [r for r in parent.permissions if r.effect == pb.PERMISSION_EFFECT_DENY]
+        child.permissions.extend(r for r in inherited if r not in child.permissions)
+
     async def get_agent(self, name: str) -> pb.Agent:
-        _agent_name("name", name)
+        agent_name("name", name)
 
         def op() -> pb.Agent:
             agent = self.store.agent_state(name)
@@ -282,7 +302,7 @@ class Sessions:
         return await self.runner.read(op)
 
     async def update_agent(self, agent: pb.Agent, mask: field_mask_pb2.FieldMask) -> pb.Agent:
-        _agent_name("agent.name", agent.name)
+        agent_name("agent.name", agent.name)
         if not mask.paths:
             raise InvalidArgument("update_mask", "names no field to change")
         for path in mask.paths:
@@ -297,76 +317,85 @@ class Sessions:
         self._checked_agent(agent)
 
         def op(now: float) -> pb.Agent:
-            self._live_agent(agent.name)
+            self.live_agent(agent.name)
             update = pb.AgentUpdated(update_mask=mask)
             update.agent.CopyFrom(agent)
-            self._log(now, [pb.Event(agent=agent.name, agent_updated=update)])
-            return self._live_agent(agent.name)
+            self.log(now, [pb.Event(agent=agent.name, agent_updated=update)])
+            return self.live_agent(agent.name)
 
-        result: pb.Agent = await self._write(op)
+        result: pb.Agent = await self.write(op)
         return result
 
     async def delete_agent(self, name: str) -> pb.Agent:
-        _agent_name("name", name)
+        agent_name("name", name)
 
         def op(now: float) -> pb.Agent:
             agent = self.store.agent_state(name)
             if agent is None:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
             if not agent.archived:
-                self._log(now, [pb.Event(agent=name, agent_archived=pb.AgentArchived())])
+                self.log(now, [pb.Event(agent=name, agent_archived=pb.AgentArchived())])
             archived = self.store.agent_state(name)
             assert archived is not None
             return archived
 
-        result: pb.Agent = await self._write(op)
+        result: pb.Agent = await self.write(op)
         return result
 
     async def put_memory(self, name: str, key: str, value: str) -> pb.Agent:
-        _agent_name("agent", name)
+        agent_name("agent", name)
         validation.text("key", key, max_len=256, required=True)
         validation.text("value", value, max_len=64 * 1024, allow_newlines=True)
         event = pb.Event(agent=name, memory_put=pb.MemoryPut(key=key, value=value))
         return await self._agent_change(name, event)
 
     async def delete_memory(self, name: str, key: str) -> pb.Agent:
-        _agent_name("agent", name)
+        agent_name("agent", name)
         validation.text("key", key, max_len=256, required=True)
         event = pb.Event(agent=name, memory_deleted=pb.MemoryDeleted(key=key))
         return await self._agent_change(name, event)
 
     async def _agent_change(self, name: str, event: pb.Event) -> pb.Agent:
-        def op(now: float) -> pb.Agent:
-            self._live_agent(name)
-            self._log(now, [event])
-            return self._live_agent(name)
+        key = event.memory_put.key or event.memory_deleted.key
 
-        result: pb.Agent = await self._write(op)
+        def op(now: float) -> pb.Agent:
+            agent = self.live_agent(name)
+            if any(fnmatchcase("memory.write", rule.action) for rule in agent.permissions):
+                # The agent's rules speak of memory writes: they go through the gate.
+                decision = permissions.decide(agent, (), "memory.write", f"memory:{key}")
+                if not decision.allowed:
+                    raise PermissionDenied(
+                        "PERMISSION_DENIED", f"memory.write on {key!r}: {decision.reason}"
+                    )
+            self.log(now, [event])
+            return self.live_agent(name)
+
+        result: pb.Agent = await self.write(op)
         return result
 
     # == sessions: routing and lifecycle ===================================================
 
-    def _session_of(self, agent: str, session_id: str) -> SessionIndex:
+    def session_of(self, agent: str, session_id: str) -> SessionIndex:
         """The agent's session; another agent's session is NOT_FOUND too (routing is scoped)."""
         index = self.store.session_index(session_id)
         if index is None or index.agent != agent:
             raise NotFound("SESSION_NOT_FOUND", f"agent {agent!r} has no session {session_id!r}")
         return index
 
-    def _open_session_of(self, agent: str, session_id: str) -> SessionIndex:
-        index = self._session_of(agent, session_id)
+    def open_session_of(self, agent: str, session_id: str) -> SessionIndex:
+        index = self.session_of(agent, session_id)
         if index.status != pb.SESSION_STATUS_OPEN:
             raise FailedPrecondition(
                 "SESSION_ENDED", f"session {session_id!r} has ended; resolve or spawn a new one"
             )
         return index
 
-    def _summary(self, session_id: str) -> pb.Session:
+    def summary(self, session_id: str) -> pb.Session:
         state = self.store.session_state(session_id)
         assert state is not None
         return state.session
 
-    def _open(
+    def open_session(
         self,
         now: float,
         agent: str,
@@ -374,84 +403,97 @@ class Sessions:
         routing_key: str,
         source: pb.Source,
         temp_state: dict[str, str] | None = None,
+        *,
+        lineage: pb.Lineage | None = None,
+        narrowing: Sequence[pb.Narrowing] = (),
+        task: pb.Task | None = None,
+        history: Sequence[pb.Message] = (),
     ) -> pb.Session:
+        """Logs a new session: its whole initial state in the first event, then the
+        history it starts with (a fork's branch), all in this transaction."""
         opened = pb.SessionOpened(
-            session_id=session_id, routing_key=routing_key, source=source, temp_state=temp_state
+            session_id=session_id,
+            routing_key=routing_key,
+            source=source,
+            temp_state=temp_state,
+            lineage=lineage,
+            narrowing=narrowing,
+            task=task,
         )
-        self._log(
-            now,
-            [
-                pb.Event(
-                    agent=agent, session_id=session_id, session_version=1, session_opened=opened
-                )
-            ],
-        )
-        return self._summary(session_id)
+        events = [
+            pb.Event(agent=agent, session_id=session_id, session_version=1, session_opened=opened)
+        ]
+        for offset, message in enumerate(history):
+            event = pb.Event(agent=agent, session_id=session_id, session_version=2 + offset)
+            event.message_appended.message.CopyFrom(message)
+            events.append(event)
+        self.log(now, events)
+        return self.summary(session_id)
 
     async def resolve(
         self, agent: str, source: pb.Source, session_id: str
     ) -> tuple[pb.Session, bool]:
-        _agent_name("agent", agent)
+        agent_name("agent", agent)
         if session_id:
-            _session_id(session_id)
+            checked_session_id(session_id)
 
             def join() -> tuple[pb.Session, bool]:
-                self._live_agent(agent)
-                self._open_session_of(agent, session_id)
-                return self._summary(session_id), False
+                self.live_agent(agent)
+                self.open_session_of(agent, session_id)
+                return self.summary(session_id), False
 
             return await self.runner.read(join)
         routing.checked_source(source)
 
         def op(now: float) -> tuple[pb.Session, bool]:
-            settings = self._live_agent(agent).settings
+            settings = self.live_agent(agent).settings
             stored = routing.stored_source(source, settings.redact_pii)
             key = routing.routing_key(agent, stored, settings.routing)
             existing = self.store.route(agent, key)
             if existing is not None:
-                return self._summary(existing), False
-            new_id = _new_session_id()
+                return self.summary(existing), False
+            new_id = new_session_id()
             # Single flight: the first to take the route creates the session;
             # a concurrent resolver (another replica too) finds the route taken.
             if not self.store.claim_route(agent, key, new_id):
                 taken = self.store.route(agent, key)
                 assert taken is not None
-                return self._summary(taken), False
-            return self._open(now, agent, new_id, key, stored), True
+                return self.summary(taken), False
+            return self.open_session(now, agent, new_id, key, stored), True
 
-        result: tuple[pb.Session, bool] = await self._write(op)
+        result: tuple[pb.Session, bool] = await self.write(op)
         return result
 
     async def spawn(self, agent: str, session_id: str, temp_state: dict[str, str]) -> pb.Session:
-        _agent_name("agent", agent)
+        agent_name("agent", agent)
         if session_id:
-            _session_id(session_id)
+            checked_session_id(session_id)
         validation.string_map("temp_state", temp_state, max_entries=1000)
-        chosen = session_id or _new_session_id()
+        chosen = session_id or new_session_id()
 
         def op(now: float) -> pb.Session:
-            self._live_agent(agent)
+            self.live_agent(agent)
             if self.store.session_index(chosen) is not None:
                 raise AlreadyExists("SESSION_EXISTS", f"session {chosen!r} exists already")
-            return self._open(now, agent, chosen, "", pb.Source(), temp_state)
+            return self.open_session(now, agent, chosen, "", pb.Source(), temp_state)
 
-        result: pb.Session = await self._write(op)
+        result: pb.Session = await self.write(op)
         return result
 
     async def get_session(self, agent: str, session_id: str) -> pb.Session:
-        _agent_name("agent", agent)
-        _session_id(session_id)
+        agent_name("agent", agent)
+        checked_session_id(session_id)
 
         def op() -> pb.Session:
-            self._session_of(agent, session_id)
-            return self._summary(session_id)
+            self.session_of(agent, session_id)
+            return self.summary(session_id)
 
         return await self.runner.read(op)
 
     async def list_sessions(
         self, agent: str, status: int, transport: str, page_size: int, page_token: str
     ) -> tuple[list[pb.Session], str]:
-        _agent_name("agent", agent)
+        agent_name("agent", agent)
         if status not in pb.SessionStatus.values():
             raise InvalidArgument("status", f"{status} is not a known SessionStatus")
         if transport:
@@ -467,24 +509,24 @@ class Sessions:
             rows = self.store.list_sessions(agent, status, transport, before, size + 1)
             more = len(rows) > size
             rows = rows[:size]
-            sessions = [self._summary(row.session_id) for row in rows]
+            sessions = [self.summary(row.session_id) for row in rows]
             token = pagination.encode([rows[-1].created_seq], filters) if more else ""
             return sessions, token
 
         return await self.runner.read(op)
 
     async def end(self, agent: str, session_id: str, reason: str) -> pb.Session:
-        _agent_name("agent", agent)
-        _session_id(session_id)
+        agent_name("agent", agent)
+        checked_session_id(session_id)
         validation.text("reason", reason, max_len=256)
 
         def op(now: float) -> pb.Session:
-            index = self._session_of(agent, session_id)
+            index = self.session_of(agent, session_id)
             if index.status == pb.SESSION_STATUS_OPEN:
-                self._log(now, [self._ended_event(index, reason)])
-            return self._summary(session_id)
+                self.log(now, [self._ended_event(index, reason)])
+            return self.summary(session_id)
 
-        result: pb.Session = await self._write(op)
+        result: pb.Session = await self.write(op)
         return result
 
     def _ended_event(self, index: SessionIndex, reason: str) -> pb.Event:
@@ -498,19 +540,19 @@ class Sessions:
     async def reset(
         self, agent: str, session_id: str, reason: str
     ) -> tuple[pb.Session, pb.Session]:
-        _agent_name("agent", agent)
-        _session_id(session_id)
+        agent_name("agent", agent)
+        checked_session_id(session_id)
         validation.text("reason", reason, max_len=256)
 
         def op(now: float) -> tuple[pb.Session, pb.Session]:
-            self._live_agent(agent)
-            index = self._open_session_of(agent, session_id)
-            old = self._summary(session_id)
-            self._log(now, [self._ended_event(index, reason or "reset")])
-            fresh = self._open(now, agent, _new_session_id(), index.routing_key, old.source)
-            return self._summary(session_id), fresh
+            self.live_agent(agent)
+            index = self.open_session_of(agent, session_id)
+            old = self.summary(session_id)
+            self.log(now, [self._ended_event(index, reason or "reset")])
+            fresh = self.open_session(now, agent, new_session_id(), index.routing_key, old.source)
+            return self.summary(session_id), fresh
 
-        result: tuple[pb.Session, pb.Session] = await self._write(op)
+        result: tuple[pb.Session, pb.Session] = await self.write(op)
         return result
 
     # == sessions: appending ===============================================================
@@ -522,14 +564,14 @@ class Sessions:
         expected_version: int | None,
         inputs: Sequence[pb.SessionEventInput],
     ) -> tuple[list[pb.Event], int]:
-        _agent_name("agent", agent)
-        _session_id(session_id)
+        agent_name("agent", agent)
+        checked_session_id(session_id)
         if not inputs or len(inputs) > MAX_EVENTS_PER_APPEND:
             raise InvalidArgument("events", f"give 1 to {MAX_EVENTS_PER_APPEND} events")
         bodies = [self._checked_input(i, event) for i, event in enumerate(inputs)]
 
         def op(now: float) -> tuple[list[pb.Event], int]:
-            index = self._open_session_of(agent, session_id)
+            index = self.open_session_of(agent, session_id)
             if expected_version is not None and expected_version != index.version:
                 raise Aborted(
                     "VERSION_MISMATCH",
@@ -544,10 +586,10 @@ class Sessions:
                 )
                 getattr(event, name).CopyFrom(body)
                 events.append(event)
-            logged = self._log(now, events)
+            logged = self.log(now, events)
             return logged, index.version + len(events)
 
-        result: tuple[list[pb.Event], int] = await self._write(op)
+        result: tuple[list[pb.Event], int] = await self.write(op)
         return result
 
     def _checked_input(self, index: int, event: pb.SessionEventInput) -> tuple[str, Any]:
@@ -557,7 +599,7 @@ class Sessions:
             raise InvalidArgument(field, "has no event body")
         body = getattr(event, name)
         if name in ("message_appended", "outbox_queued"):
-            self._checked_message(f"{field}.{name}.message", body.message)
+            self.checked_message(f"{field}.{name}.message", body.message)
         elif name == "task_set":
             validation.text(f"{field}.task_set.task.task_id", body.task.task_id, max_len=256)
             validation.text(
@@ -571,22 +613,23 @@ class Sessions:
         return name, body
 
     async def post_to_inbox(self, agent: str, session_id: str, message: pb.Message) -> pb.Event:
-        _agent_name("agent", agent)
-        _session_id(session_id)
-        self._checked_message("message", message)
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+        self.checked_message("message", message)
 
-        def op(now: float) -> pb.Event:
-            index = self._open_session_of(agent, session_id)
-            posted = pb.Event(
-                agent=agent,
-                session_id=session_id,
-                session_version=index.version,  # unversioned: never conflicts with a turn
-                inbox_posted=pb.InboxPosted(message=message),
-            )
-            return self._log(now, [posted])[0]
-
-        result: pb.Event = await self._write(op)
+        result: pb.Event = await self.write(lambda now: self.post(now, agent, session_id, message))
         return result
+
+    def post(self, now: float, agent: str, session_id: str, message: pb.Message) -> pb.Event:
+        """Puts a message into an open session's inbox (in the caller's transaction)."""
+        index = self.open_session_of(agent, session_id)
+        posted = pb.Event(
+            agent=agent,
+            session_id=session_id,
+            session_version=index.version,  # unversioned: never conflicts with a turn
+            inbox_posted=pb.InboxPosted(message=message),
+        )
+        return self.log(now, [posted])[0]
 
     # == sessions: reading =================================================================
 
@@ -599,12 +642,12 @@ class Sessions:
         newest: bool,
         include_abandoned: bool = False,
     ) -> list[pb.QueuedMessage]:
-        _agent_name("agent", agent)
-        _session_id(session_id)
+        agent_name("agent", agent)
+        checked_session_id(session_id)
         size = pagination.page_size(limit)
 
         def op() -> list[pb.QueuedMessage]:
-            self._session_of(agent, session_id)
+            self.session_of(agent, session_id)
             events = self.store.history(session_id, after, size, newest, include_abandoned)
             timeline = self.store.timeline()
             return [
@@ -619,11 +662,11 @@ class Sessions:
         return await self.runner.read(op)
 
     async def state(self, agent: str, session_id: str) -> tuple[pb.SessionState, pb.Agent]:
-        _agent_name("agent", agent)
-        _session_id(session_id)
+        agent_name("agent", agent)
+        checked_session_id(session_id)
 
         def op() -> tuple[pb.SessionState, pb.Agent]:
-            self._session_of(agent, session_id)
+            self.session_of(agent, session_id)
             state = self.store.session_state(session_id)
             owner = self.store.agent_state(agent)
             assert state is not None and owner is not None
@@ -632,11 +675,11 @@ class Sessions:
         return await self.runner.read(op)
 
     async def snapshot(self, agent: str, session_id: str) -> int:
-        _agent_name("agent", agent)
-        _session_id(session_id)
+        agent_name("agent", agent)
+        checked_session_id(session_id)
 
         def op(_now: float) -> int:
-            index = self._session_of(agent, session_id)
+            index = self.session_of(agent, session_id)
             self._write_agent_snapshot(agent)
             return self._write_session_snapshot(index)
 
@@ -651,9 +694,9 @@ class Sessions:
         events other replicas appended.
         """
         if agent:
-            _agent_name("agent", agent)
+            agent_name("agent", agent)
         if session_id:
-            _session_id(session_id)
+            checked_session_id(session_id)
         last = after
         while True:
             # Register before reading, so a commit between the read and the wait

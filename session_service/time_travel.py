@@ -83,18 +83,15 @@ class TimeTravel:
                     return already  # the log is already there: repeating is idempotent
             return self._move(now, target, checkout=False, checkpoint=checkpoint)
 
-        return await self._write(op)
+        result: pb.Event = await self.sessions.write(op)
+        return result
 
     async def checkout(self, sequence: int) -> pb.Event:
         def op(now: float) -> pb.Event:
             self._check_reachable(sequence)
             return self._move(now, sequence, checkout=True, checkpoint="")
 
-        return await self._write(op)
-
-    async def _write(self, op: object) -> pb.Event:
-        result: pb.Event = await self.sessions.runner.write(op)  # type: ignore[arg-type]
-        self.sessions.notify_watchers()
+        result: pb.Event = await self.sessions.write(op)
         return result
 
     def _check_reachable(self, target: int) -> None:

@@ -1,0 +1,226 @@
+"""Multi-agent work: forks (same identity, branched conversation), delegation and
+peer messages (another identity), and the audited permission gate they pass.
+
+A gated call records its decision in the asking session's log. A refusal is
+committed as an audit event on its own, then answered PERMISSION_DENIED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from session_service import permissions, routing
+from session_service.sessions import (
+    Sessions,
+    agent_name,
+    checked_session_id,
+    new_session_id,
+)
+from switchboard import validation
+from switchboard.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from switchboard.session.v1 import session_service_pb2 as pb
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A denial, committed as an audit event and carried out of the transaction."""
+
+    decision: pb.PermissionChecked
+
+
+class MultiAgent:
+    def __init__(self, sessions: Sessions) -> None:
+        self.sessions = sessions
+        self.store = sessions.store
+
+    # -- the gate ---------------------------------------------------------------------------
+
+    def _decide(
+        self, now: float, agent: str, session_id: str, action: str, resource: str
+    ) -> tuple[pb.PermissionChecked, int]:
+        """Decides for the session and records the decision in its log."""
+        owner = self.sessions.live_agent(agent)
+        index = self.sessions.open_session_of(agent, session_id)
+        state = self.store.session_state(session_id)
+        assert state is not None
+        decision = permissions.decide(owner, state.session.narrowing, action, resource)
+        checked = pb.PermissionChecked(
+            action=action,
+            resource=resource,
+            allowed=decision.allowed,
+            rule=decision.rule,
+            reason=decision.reason,
+        )
+        event = pb.Event(
+            agent=agent,
+            session_id=session_id,
+            session_version=index.version,  # an audit record: never conflicts with a turn
+            permission_checked=checked,
+        )
+        [logged] = self.sessions.log(now, [event])
+        return checked, logged.sequence
+
+    async def check(
+        self, agent: str, session_id: str, action: str, resource: str
+    ) -> tuple[pb.PermissionChecked, int]:
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+        validation.text("action", action, max_len=256, required=True)
+        validation.text("resource", resource, max_len=1024)
+        result: tuple[pb.PermissionChecked, int] = await self.sessions.write(
+            lambda now: self._decide(now, agent, session_id, action, resource)
+        )
+        return result
+
+    async def _gated(
+        self,
+        agent: str,
+        session_id: str,
+        action: str,
+        resource: str,
+        then: Callable[[float], Any],
+    ) -> Any:
+        """Runs `then` in the transaction that records an allow; commits a denial alone."""
+
+        def op(now: float) -> Any:
+            decision, _ = self._decide(now, agent, session_id, action, resource)
+            if not decision.allowed:
+                return Refused(decision)
+            return then(now)
+
+        result = await self.sessions.write(op)
+        if isinstance(result, Refused):
+            raise PermissionDenied(
+                "PERMISSION_DENIED",
+                f"{action} on {resource} is not allowed for session {session_id!r}: "
+                f"{result.decision.reason}",
+                {"rule": result.decision.rule},
+            )
+        return result
+
+    # -- forks ------------------------------------------------------------------------------
+
+    async def fork(
+        self, agent: str, session_id: str, at_sequence: int, narrowing: pb.Narrowing
+    ) -> pb.Session:
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+        for index, rule in enumerate(narrowing.rules):
+            if rule.effect not in (pb.PERMISSION_EFFECT_ALLOW, pb.PERMISSION_EFFECT_DENY):
+                raise InvalidArgument(f"narrowing.rules[{index}].effect", "must be ALLOW or DENY")
+
+        def op(now: float) -> pb.Session:
+            self.sessions.live_agent(agent)
+            source = self.sessions.session_of(agent, session_id)
+            at = at_sequence or source.last_seq
+            if at < source.created_seq or at > self.store.head():
+                raise InvalidArgument(
+                    "at_sequence",
+                    f"must lie between the session's creation ({source.created_seq}) and the "
+                    "log head",
+                )
+            if not self.store.timeline().is_active(at):
+                raise FailedPrecondition(
+                    "FORK_FROM_ABANDONED", f"sequence {at} lies on an abandoned branch"
+                )
+            state = self.store.session_state(session_id, until=at)
+            assert state is not None
+            history = [
+                event.message_appended.message
+                for event in self.store.entity_events(f"session:{session_id}", 0, until=at)
+                if event.WhichOneof("body") == "message_appended"
+            ]
+            layers = list(state.session.narrowing)
+            if narrowing.rules:
+                layers.append(narrowing)
+            lineage = pb.Lineage(
+                parent_session_id=session_id, parent_agent=agent, forked_at_sequence=at
+            )
+            return self.sessions.open_session(
+                now,
+                agent,
+                new_session_id(),
+                "",
+                state.session.source,
+                dict(state.temp_state),
+                lineage=lineage,
+                narrowing=layers,
+                task=state.current_task if state.HasField("current_task") else None,
+                history=history,
+            )
+
+        result: pb.Session = await self.sessions.write(op)
+        return result
+
+    # -- other agents -----------------------------------------------------------------------
+
+    async def delegate(
+        self, agent: str, session_id: str, to_agent: str, task: pb.Message, context: str
+    ) -> tuple[pb.Session, bool]:
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+        agent_name("to_agent", to_agent)
+        validation.routing_key("context", context or "default", max_len=256)
+        self.sessions.checked_message("task", task)
+        source = pb.Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
+
+        def then(now: float) -> tuple[pb.Session, bool]:
+            self.sessions.live_agent(to_agent)
+            key = routing.routing_key(to_agent, source, pb.RoutingPolicy())
+            existing = self.store.route(to_agent, key)
+            created = existing is None
+            if existing is None:
+                lineage = pb.Lineage(
+                    parent_session_id=session_id, parent_agent=agent, delegated=True
+                )
+                existing = self.sessions.open_session(
+                    now, to_agent, new_session_id(), key, source, lineage=lineage
+                ).session_id
+            self.sessions.post(now, to_agent, existing, task)
+            return self.sessions.summary(existing), created
+
+        result: tuple[pb.Session, bool] = await self._gated(
+            agent, session_id, "peer.delegate", f"agent:{to_agent}", then
+        )
+        return result
+
+    async def send_to_peer(
+        self,
+        agent: str,
+        session_id: str,
+        to_agent: str,
+        source: pb.Source | None,
+        to_session_id: str,
+        message: pb.Message,
+    ) -> pb.Event:
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+        agent_name("to_agent", to_agent)
+        self.sessions.checked_message("message", message)
+        if source is not None:
+            routing.checked_source(source)
+        elif to_session_id:
+            checked_session_id(to_session_id)
+        else:
+            raise InvalidArgument("target", "give the receiving session's source or id")
+
+        def then(now: float) -> pb.Event:
+            settings = self.sessions.live_agent(to_agent).settings
+            target = to_session_id
+            if source is not None:
+                stored = routing.stored_source(source, settings.redact_pii)
+                key = routing.routing_key(to_agent, stored, settings.routing)
+                target = (
+                    self.store.route(to_agent, key)
+                    or self.sessions.open_session(
+                        now, to_agent, new_session_id(), key, stored
+                    ).session_id
+                )
+            return self.sessions.post(now, to_agent, target, message)
+
+        result: pb.Event = await self._gated(
+            agent, session_id, "peer.send", f"agent:{to_agent}", then
+        )
+        return result
