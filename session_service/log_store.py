@@ -74,6 +74,7 @@ class SessionRow(peewee.Model):
     last_seq = peewee.BigIntegerField()
     version = peewee.BigIntegerField()
     snapshot_version = peewee.BigIntegerField()
+    resume_pending = peewee.BooleanField(default=False)
 
     class Meta:
         table_name = "session_session"
@@ -138,6 +139,7 @@ class SessionIndex:
     last_seq: int
     version: int
     snapshot_version: int
+    resume_pending: bool = False
 
 
 def agent_entity(name: str) -> str:
@@ -514,6 +516,14 @@ class LogStore:
             query = query.where(self.Session.created_seq < before_created_seq)
         rows = dicts(query.order_by(self.Session.created_seq.desc()).limit(limit))
         return [SessionIndex(**row) for row in rows]
+
+    def resumable(self, agent: str) -> list[SessionIndex]:
+        query = self.Session.select().where(
+            (self.Session.agent == agent)
+            & (self.Session.resume_pending == True)  # noqa: E712 - SQL, not Python
+            & (self.Session.status == pb.SESSION_STATUS_OPEN)
+        )
+        return [SessionIndex(**row) for row in dicts(query.order_by(self.Session.created_seq))]
 
     def route(self, agent: str, routing_key: str) -> str | None:
         row = (

@@ -60,6 +60,14 @@ def apply_to_session(state: pb.SessionState, event: pb.Event) -> None:
             state.current_task.CopyFrom(opened.task)
     elif body == "permission_checked":
         pass  # an audit record: it changes nothing
+    elif body == "resume_marked":
+        session.resume_pending = event.resume_marked.pending
+        if event.resume_marked.pending:
+            session.resume_marked_time.CopyFrom(event.time)
+        else:
+            session.ClearField("resume_marked_time")
+    elif body == "suspension_changed":
+        session.suspended = event.suspension_changed.suspended
     elif body == "session_ended":
         session.status = pb.SESSION_STATUS_ENDED
         session.end_reason = event.session_ended.reason

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from session_service.continuity import Continuity
 from session_service.multi_agent import MultiAgent
 from session_service.sessions import Sessions
 from session_service.time_travel import TimeTravel
@@ -23,6 +24,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self.sessions = sessions
         self.time_travel = TimeTravel(sessions)
         self.multi_agent = MultiAgent(sessions)
+        self.continuity = Continuity(sessions)
 
     async def CreateAgent(  # noqa: N802
         self, request: pb.CreateAgentRequest, context: Context
@@ -223,3 +225,23 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.agent, request.session_id, request.action, request.resource
         )
         return pb.CheckPermissionResponse(decision=decision, sequence=sequence)
+
+    async def MarkResumable(  # noqa: N802
+        self, request: pb.MarkResumableRequest, context: Context
+    ) -> pb.MarkResumableResponse:
+        session = await self.continuity.mark(request.agent, request.session_id, request.pending)
+        return pb.MarkResumableResponse(session=session)
+
+    async def SuspendSession(  # noqa: N802
+        self, request: pb.SuspendSessionRequest, context: Context
+    ) -> pb.SuspendSessionResponse:
+        session = await self.continuity.suspend(
+            request.agent, request.session_id, request.suspended
+        )
+        return pb.SuspendSessionResponse(session=session)
+
+    async def ListResumable(  # noqa: N802
+        self, request: pb.ListResumableRequest, context: Context
+    ) -> pb.ListResumableResponse:
+        fresh, expired = await self.continuity.list_resumable(request.agent)
+        return pb.ListResumableResponse(sessions=fresh, expired=expired)

@@ -17,7 +17,7 @@ from typing import Any
 
 from google.protobuf import field_mask_pb2
 
-from session_service import permissions, replay, routing
+from session_service import freshness, permissions, replay, routing
 from session_service.log_store import LogStore, SessionIndex, agent_entity, session_entity
 from switchboard import pagination, validation
 from switchboard.database import TransactionRunner
@@ -168,6 +168,9 @@ class Sessions:
         current = store.session_index(event.session_id)
         assert current is not None, f"event {event.sequence} for an unknown session"
         status = current.status
+        resume_pending = current.resume_pending
+        if body == "resume_marked":
+            resume_pending = event.resume_marked.pending
         if body == "session_ended":
             status = pb.SESSION_STATUS_ENDED
             if current.routing_key:
@@ -179,6 +182,7 @@ class Sessions:
                     "status": status,
                     "last_seq": event.sequence,
                     "version": event.session_version,
+                    "resume_pending": resume_pending,
                 }
             )
         )
@@ -451,7 +455,11 @@ class Sessions:
             key = routing.routing_key(agent, stored, settings.routing)
             existing = self.store.route(agent, key)
             if existing is not None:
-                return self.summary(existing), False
+                current = self.summary(existing)
+                reason = freshness.reset_reason(self.live_agent(agent).settings, current, now)
+                if reason is None:
+                    return current, False
+                return self.reset_now(now, agent, existing, reason), True
             new_id = new_session_id()
             # Single flight: the first to take the route creates the session;
             # a concurrent resolver (another replica too) finds the route taken.
@@ -546,14 +554,18 @@ class Sessions:
 
         def op(now: float) -> tuple[pb.Session, pb.Session]:
             self.live_agent(agent)
-            index = self.open_session_of(agent, session_id)
-            old = self.summary(session_id)
-            self.log(now, [self._ended_event(index, reason or "reset")])
-            fresh = self.open_session(now, agent, new_session_id(), index.routing_key, old.source)
+            fresh = self.reset_now(now, agent, session_id, reason or "reset")
             return self.summary(session_id), fresh
 
         result: tuple[pb.Session, pb.Session] = await self.write(op)
         return result
+
+    def reset_now(self, now: float, agent: str, session_id: str, reason: str) -> pb.Session:
+        """Ends a session with a reason and opens a fresh one on its routing key."""
+        index = self.open_session_of(agent, session_id)
+        old = self.summary(session_id)
+        self.log(now, [self._ended_event(index, reason)])
+        return self.open_session(now, agent, new_session_id(), index.routing_key, old.source)
 
     # == sessions: appending ===============================================================
 

@@ -161,6 +161,7 @@ class TimeTravel:
                     last_seq=session.last_sequence,
                     version=session.version,
                     snapshot_version=session.version,
+                    resume_pending=session.resume_pending,
                 )
             )
             if session.routing_key and session.status == pb.SESSION_STATUS_OPEN:

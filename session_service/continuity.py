@@ -1,0 +1,67 @@
+"""Continuity (Hermes' session behaviour): resuming interrupted turns, and the
+opt-in time-based resets.
+
+A turn cut off by a gateway crash is marked resumable. It is resumed only
+while fresh (the agent's window, 1 hour by default); a stale mark resets the
+session with reason "resume_pending_expired" instead of continuing hours-old
+context. Suspended sessions are never auto-resumed. Idle and daily resets
+exist only when an agent opts in: users were surprised by automatic resets.
+"""
+
+from __future__ import annotations
+
+from session_service.freshness import EXPIRED, is_stale
+from session_service.sessions import Sessions, agent_name, checked_session_id
+from switchboard.session.v1 import session_service_pb2 as pb
+
+
+class Continuity:
+    def __init__(self, sessions: Sessions) -> None:
+        self.sessions = sessions
+
+    async def mark(self, agent: str, session_id: str, pending: bool) -> pb.Session:
+        event = pb.Event(resume_marked=pb.ResumeMarked(pending=pending))
+        return await self._change(agent, session_id, event, versioned=False)
+
+    async def suspend(self, agent: str, session_id: str, suspended: bool) -> pb.Session:
+        event = pb.Event(suspension_changed=pb.SuspensionChanged(suspended=suspended))
+        return await self._change(agent, session_id, event, versioned=True)
+
+    async def _change(
+        self, agent: str, session_id: str, event: pb.Event, versioned: bool
+    ) -> pb.Session:
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+
+        def op(now: float) -> pb.Session:
+            index = self.sessions.open_session_of(agent, session_id)
+            event.agent, event.session_id = agent, session_id
+            # A resume mark comes from the gateway, beside a turn: it never conflicts.
+            event.session_version = index.version + (1 if versioned else 0)
+            self.sessions.log(now, [event])
+            return self.sessions.summary(session_id)
+
+        result: pb.Session = await self.sessions.write(op)
+        return result
+
+    async def list_resumable(self, agent: str) -> tuple[list[pb.Session], list[pb.Session]]:
+        agent_name("agent", agent)
+
+        def op(now: float) -> tuple[list[pb.Session], list[pb.Session]]:
+            settings = self.sessions.live_agent(agent).settings
+            if settings.resume.never_resume:
+                return [], []
+            fresh, expired = [], []
+            for index in self.sessions.store.resumable(agent):
+                session = self.sessions.summary(index.session_id)
+                if session.suspended:
+                    continue
+                if is_stale(settings, session, now):
+                    self.sessions.reset_now(now, agent, index.session_id, EXPIRED)
+                    expired.append(self.sessions.summary(index.session_id))
+                else:
+                    fresh.append(session)
+            return fresh, expired
+
+        result: tuple[list[pb.Session], list[pb.Session]] = await self.sessions.write(op)
+        return result

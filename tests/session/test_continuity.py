@@ -1,0 +1,137 @@
+"""Continuity: Hermes' freshness cases, suspension, and opt-in time-based resets."""
+
+from __future__ import annotations
+
+import time
+
+from google.protobuf import duration_pb2
+
+from session_service import freshness
+from switchboard.session.v1 import session_service_pb2 as pb
+from tests.harness import InProcessSession
+from tests.session.conftest import create_agent, resolve, web
+
+WAIT_S = 1.3  # just past the 1 s windows these tests configure
+
+
+def _agent(service: InProcessSession, **settings: object) -> None:
+    create_agent(service.stub, settings=pb.AgentSettings(**settings))  # type: ignore[arg-type]
+
+
+def _window(seconds: int) -> pb.ResumePolicy:
+    return pb.ResumePolicy(freshness_window=duration_pb2.Duration(seconds=seconds))
+
+
+def _interrupted(service: InProcessSession) -> str:
+    session_id = resolve(service.stub, **web()).session.session_id
+    marked = service.stub.MarkResumable(
+        pb.MarkResumableRequest(agent="main", session_id=session_id, pending=True)
+    ).session
+    assert marked.resume_pending and marked.HasField("resume_marked_time")
+    return session_id
+
+
+def _resumable(service: InProcessSession) -> pb.ListResumableResponse:
+    return service.stub.ListResumable(pb.ListResumableRequest(agent="main"))
+
+
+def test_a_fresh_mark_resumes_the_same_session(service: InProcessSession) -> None:
+    _agent(service)  # the default window: 1 hour
+    session_id = _interrupted(service)
+    listed = _resumable(service)
+    assert [s.session_id for s in listed.sessions] == [session_id]
+    again = resolve(service.stub, **web())
+    assert (again.session.session_id, again.created) == (session_id, False)
+    assert again.session.resume_pending
+
+
+def test_a_stale_mark_gives_a_new_session(service: InProcessSession) -> None:
+    _agent(service, resume=_window(1))
+    session_id = _interrupted(service)
+    time.sleep(WAIT_S)
+    listed = _resumable(service)
+    assert list(listed.sessions) == []
+    assert [(s.session_id, s.end_reason) for s in listed.expired] == [
+        (session_id, "resume_pending_expired")
+    ]
+    fresh = resolve(service.stub, **web())
+    assert fresh.session.session_id != session_id and not fresh.session.resume_pending
+
+
+def test_routing_a_message_to_a_stale_session_resets_it(service: InProcessSession) -> None:
+    _agent(service, resume=_window(1))
+    session_id = _interrupted(service)
+    time.sleep(WAIT_S)
+    routed = resolve(service.stub, **web())
+    assert routed.created and routed.session.session_id != session_id
+    old = service.stub.GetSession(pb.GetSessionRequest(agent="main", session_id=session_id))
+    assert old.session.end_reason == "resume_pending_expired"
+
+
+def test_window_zero_disables_the_gate(service: InProcessSession) -> None:
+    _agent(service, resume=_window(0))
+    session_id = _interrupted(service)
+    time.sleep(WAIT_S)
+    assert [s.session_id for s in _resumable(service).sessions] == [session_id]
+    assert resolve(service.stub, **web()).session.session_id == session_id
+
+
+def test_never_resume_disables_resuming_and_expiry(service: InProcessSession) -> None:
+    _agent(
+        service,
+        resume=pb.ResumePolicy(never_resume=True, freshness_window=_window(1).freshness_window),
+    )
+    session_id = _interrupted(service)
+    time.sleep(WAIT_S)
+    listed = _resumable(service)
+    assert list(listed.sessions) == [] and list(listed.expired) == []
+    assert resolve(service.stub, **web()).session.session_id == session_id
+
+
+def test_suspended_sessions_are_never_auto_resumed(service: InProcessSession) -> None:
+    _agent(service)
+    session_id = _interrupted(service)
+    service.stub.SuspendSession(
+        pb.SuspendSessionRequest(agent="main", session_id=session_id, suspended=True)
+    )
+    assert list(_resumable(service).sessions) == []
+
+
+def test_an_explicit_reset_wins(service: InProcessSession) -> None:
+    _agent(service)
+    session_id = _interrupted(service)
+    reset = service.stub.ResetSession(
+        pb.ResetSessionRequest(agent="main", session_id=session_id, reason="/new")
+    )
+    assert not reset.session.resume_pending
+    assert list(_resumable(service).sessions) == []
+
+
+def test_no_time_based_reset_by_default(service: InProcessSession) -> None:
+    _agent(service)
+    session_id = resolve(service.stub, **web()).session.session_id
+    time.sleep(WAIT_S)
+    assert resolve(service.stub, **web()).session.session_id == session_id
+
+
+def test_idle_reset_is_opt_in(service: InProcessSession) -> None:
+    idle = pb.ResetPolicy(mode=pb.RESET_MODE_IDLE, idle_after=duration_pb2.Duration(seconds=1))
+    _agent(service, reset=idle)
+    session_id = resolve(service.stub, **web()).session.session_id
+    assert resolve(service.stub, **web()).session.session_id == session_id
+    time.sleep(WAIT_S)
+    routed = resolve(service.stub, **web())
+    assert routed.created and routed.session.session_id != session_id
+    old = service.stub.GetSession(pb.GetSessionRequest(agent="main", session_id=session_id))
+    assert old.session.end_reason == "idle"
+
+
+def test_daily_reset_after_the_configured_hour() -> None:
+    daily = pb.AgentSettings(reset=pb.ResetPolicy(mode=pb.RESET_MODE_DAILY, daily_at_hour=4))
+    session = pb.Session()
+    now = 1_767_326_400.0  # 2026-01-02 04:00:00 UTC
+    session.update_time.FromSeconds(int(now) - 60)  # 03:59, before today's boundary
+    assert freshness.reset_reason(daily, session, now + 1) == "daily"
+    session.update_time.FromSeconds(int(now) + 1)  # 04:00:01, after it
+    assert freshness.reset_reason(daily, session, now + 3600) is None
+    assert freshness.reset_reason(pb.AgentSettings(), session, now + 86400 * 3) is None
