@@ -57,6 +57,7 @@ class TimelineMachine(RuleBasedStateMachine):
         self.on_branch: set[int] = set()  # sequences whose event is active now
         self.active_at: dict[int, set[int]] = {}
         self.ever_created: set[str] = set()
+        self.checkpoints: dict[str, int] = {}
         self.head = 0
         self.counter = 0
 
@@ -114,6 +115,22 @@ class TimelineMachine(RuleBasedStateMachine):
         target = data.draw(st.sampled_from(sorted(self.on_branch)))
         record = self.server.stub.Rewind(pb.RewindRequest(sequence=target)).record
         self._move(target, record.sequence)
+
+    @rule()
+    def checkpoint(self) -> None:
+        label = f"cp{len(self.checkpoints)}"
+        made = self.server.stub.CreateCheckpoint(pb.CreateCheckpointRequest(label=label))
+        assert made.checkpoint.sequence == self.head
+        self.checkpoints[label] = self.head
+
+    @rule(data=st.data())
+    def rewind_to_checkpoint(self, data: st.DataObject) -> None:
+        usable = sorted(label for label, seq in self.checkpoints.items() if seq in self.on_branch)
+        if not usable:
+            return
+        label = data.draw(st.sampled_from(usable))
+        record = self.server.stub.Rewind(pb.RewindRequest(checkpoint=label)).record
+        self._move(self.checkpoints[label], record.sequence)
 
     @rule(data=st.data())
     def checkout(self, data: st.DataObject) -> None:
