@@ -15,6 +15,8 @@ log head in O(1) and projections are kept transactionally with the log.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import json
 import subprocess
 import sys
@@ -87,7 +89,7 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
         total = per_session * sessions
         for first in range(mark + 1, mark + 1 + total, 50_000):
             count = min(50_000, mark + 1 + total - first)
-            runner.submit_write(lambda now, f=first, c=count: load(now, f, c)).result()
+            runner.submit_write(functools.partial(_load_at, load, first, count)).result()
 
         def fix_index(_now: float) -> None:
             head = store.head()
@@ -105,6 +107,10 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
         return int(mark)
     finally:
         runner.close()
+
+
+def _load_at(load: Any, first: int, count: int, now: float) -> None:
+    load(now, first, count)
 
 
 def restart_seconds(url: str, data_dir: Path) -> float:
@@ -132,8 +138,6 @@ def rewind_seconds(url: str, target: int) -> float:
     runner = TransactionRunner(backend, settings)
     travel = TimeTravel(Sessions(runner, store, SessionLimits()))
     try:
-        import asyncio
-
         started = time.perf_counter()
         asyncio.run(travel.rewind(target, ""))
         return time.perf_counter() - started
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rows": rows,
             },
             indent=2,
-        )  # fmt: skip
+        )
     )
     return 0
 
