@@ -21,6 +21,8 @@ _RULES: tuple[tuple[str, str, str], ...] = (
     ("servicer: message conversion", "servicer.py", r""),
     ("servicer: message conversion", "proto_time.py", r""),
     ("ledger / store / records", "delivery_service/", r""),
+    ("session core / log store / replay", "session_service/", r""),
+    ("protobuf (Python side)", "google/protobuf/", r""),
     ("transaction runner (incl. waiting for work)", "switchboard/database.py", r""),
     ("error interceptor", "grpc_errors.py", r""),
     ("grpc (Cython core, C)", "cygrpc", r""),
@@ -28,7 +30,7 @@ _RULES: tuple[tuple[str, str, str], ...] = (
     ("asyncio callbacks (incl. grpc Cython code)", "asyncio/", r""),
     ("stdlib threading / queue", "threading.py", r""),
 )
-_PROJECT = ("switchboard/", "delivery_service/")
+_PROJECT = ("switchboard/", "delivery_service/", "session_service/")
 
 
 def _parse(frame: str) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""The delivery-cycle benchmark: floors, servers, load, table, JSON.
+"""`python -m bench`: the delivery-cycle benchmark, then the SessionService's (see
+`bench.session_runner`): floors, servers, load, tables, JSON.
 
 For each configuration (SQLite synchronous=FULL, SQLite NORMAL, Postgres) a
 fresh DeliveryService process is started on 127.0.0.1 and loaded by a separate
@@ -15,19 +16,17 @@ import json
 import os
 import platform
 import sqlite3
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import baseline, profile_report, servers
+from bench import baseline, harness, profile_report, servers, session_runner
+from bench.harness import RESULTS_DIR, log
 from bench.stats import Measurement
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET_CYCLES_PER_S = 1500.0
 TARGET_LINE = "target: >= 1,500 cycles/s over gRPC on SQLite FULL (8 clients)"
 CONCURRENT_CLIENTS = 8
@@ -47,10 +46,6 @@ CONFIGS = (
 )
 
 
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
 # -- one load-generator run -------------------------------------------------------------------
 
 
@@ -60,21 +55,15 @@ def run_load(
     channels: int,
     seconds: float,
     warmup_s: float,
-    during: Callable[[], Callable[[], None]] | None = None,
+    during: harness.During | None = None,
     rpc: str = "cycle",
 ) -> Measurement:
-    """One load-generator process against `server`; server CPU sampled around it.
+    """One `bench.delivery_cycle` process against `server`; server CPU sampled around it.
 
     `during`, when given, is called right after the load generator starts and
     returns a function called once it has finished (used to attach a profiler).
     """
-    before = servers.thread_cpu(server.pid, server.thread_names)
-    command = [
-        sys.executable,
-        "-m",
-        "bench.delivery_cycle",
-        "--address",
-        server.address,
+    arguments = [
         "--clients",
         str(clients),
         "--channels",
@@ -86,52 +75,12 @@ def run_load(
         "--rpc",
         rpc,
     ]
-    process = subprocess.Popen(
-        command,
-        cwd=servers.REPO_ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
+    return harness.run_loadgen(
+        server, "bench.delivery_cycle", arguments, warmup_s + seconds + 90, during
     )
-    finish: Callable[[], None] | None = None
-    try:
-        finish = during() if during is not None else None
-        out, err = process.communicate(timeout=warmup_s + seconds + 90)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        out, err = process.communicate(timeout=30)
-        raise RuntimeError(f"load generator timed out:\n{err[-2000:]}") from None
-    finally:
-        if process.poll() is None:  # something above failed: never leave it running
-            process.kill()
-            process.wait(timeout=30)
-        if finish is not None:
-            finish()
-    after = servers.thread_cpu(server.pid, server.thread_names)
-    if process.returncode != 0:
-        raise RuntimeError(f"load generator failed ({process.returncode}):\n{err[-4000:]}")
-    measurement = Measurement.from_json(json.loads(out.strip().splitlines()[-1]))
-    spent = servers.cpu_delta(before, after)
-    busy_wall = float(measurement.extra.get("loadgen_wall_s", 0.0)) or (warmup_s + seconds)
-    server_cpu = sum(t.cpu_s for t in spent)
-    measurement.extra["server_cpu_util"] = round(server_cpu / busy_wall, 3)
-    measurement.extra["server_threads"] = [
-        {"tid": t.tid, "name": t.name, "cpu_util": round(t.cpu_s / busy_wall, 3)} for t in spent[:8]
-    ]
-    return measurement
 
 
-def _describe(m: Measurement) -> str:
-    threads = ", ".join(
-        f"{t['name']} {100 * t['cpu_util']:.0f}%" for t in m.extra.get("server_threads", [])[:4]
-    )
-    return (
-        f"{m.clients} client(s), {m.channels} channel(s): {m.cycles_per_s:,.0f} cycles/s, "
-        f"p50 {m.p50_ms:.2f} ms, p99 {m.p99_ms:.2f} ms, errors {m.errors}; "
-        f"loadgen CPU {100 * m.extra.get('loadgen_cpu_util', 0):.0f}%, "
-        f"server CPU {100 * m.extra.get('server_cpu_util', 0):.0f}% [{threads}]"
-    )
+_describe = harness.describe
 
 
 # -- one configuration ------------------------------------------------------------------------
@@ -202,40 +151,14 @@ def profile_config(
     spy = servers.py_spy_path()
     if spy is None:
         return profile_with_cprofile(config, channels, seconds, warmup_s)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    outputs = {
-        "wall clock, all threads (--idle)": RESULTS_DIR / f"profile-{config.key}-wall.txt",
-        "GIL holder only (--gil)": RESULTS_DIR / f"profile-{config.key}-gil.txt",
-    }
-    flags = {
-        # Non-blocking: the server is not paused, so the wall-clock shares stay true.
-        "wall clock, all threads (--idle)": ["--idle", "--nonblocking"],
-        # --native (into grpc's Cython and C) needs py-spy to pause the process per sample.
-        "GIL holder only (--gil)": ["--gil", "--native"],
-    }
-    recorders: list[servers.PySpy] = []
-
-    def attach() -> Callable[[], None]:
-        time.sleep(warmup_s + 0.7)  # the load generator imports, connects, warms up
-        for title, path in outputs.items():
-            path.unlink(missing_ok=True)
-            recorders.append(servers.PySpy(spy, srv.pid, seconds - 1, path, flags[title]))
-
-        def detach() -> None:
-            for recorder in recorders:
-                recorder.wait()
-
-        return detach
-
-    measurement = run_load(srv, CONCURRENT_CLIENTS, channels, seconds, warmup_s, attach)
-    log(f"[{config.key}] profiled run (py-spy attached): {_describe(measurement)}")
-    sections = [f"profiled run: {_describe(measurement)}"]
-    for (title, path), recorder in zip(outputs.items(), recorders, strict=False):
-        sections.append(f"-- {title}: {path.relative_to(servers.REPO_ROOT)}")
-        if not path.exists():
-            sections.append(f"py-spy wrote nothing: {recorder.log.strip()[-1000:]}")
-        sections.append(profile_report.summarise_py_spy(path))
-    return "\n".join(sections)
+    return harness.py_spy_profile(
+        config.key,
+        srv,
+        spy,
+        lambda attach: run_load(srv, CONCURRENT_CLIENTS, channels, seconds, warmup_s, attach),
+        seconds,
+        warmup_s,
+    )
 
 
 def profile_with_cprofile(config: Config, channels: int, seconds: float, warmup_s: float) -> str:
@@ -331,8 +254,8 @@ def render_table(rows: list[tuple[Measurement, str, str]]) -> str:
     lines = [_HEADER, "-" * len(_HEADER)]
     for m, label, ratio in rows:
         channels = str(m.channels) if m.channels else "-"
-        server_cpu = _percent(m.extra.get("server_cpu_util"))
-        loadgen_cpu = _percent(m.extra.get("loadgen_cpu_util"))
+        server_cpu = harness.percent(m.extra.get("server_cpu_util"))
+        loadgen_cpu = harness.percent(m.extra.get("loadgen_cpu_util"))
         lines.append(
             f"{label:<30}{m.clients:>8}{channels:>4}{m.cycles_per_s:>11,.1f}"
             f"{m.rpcs_per_s:>11,.1f}{m.p50_ms:>9.2f}{m.p99_ms:>9.2f}"
@@ -343,10 +266,6 @@ def render_table(rows: list[tuple[Measurement, str, str]]) -> str:
         "in % of one core; raw floors run in-process)"
     )
     return "\n".join(lines)
-
-
-def _percent(value: Any) -> str:
-    return f"{100 * float(value):.0f}%" if isinstance(value, int | float) else "-"
 
 
 def machine_info() -> dict[str, Any]:
@@ -371,10 +290,15 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+ALL_KEYS = tuple(c.key for c in CONFIGS) + tuple(c.key for c in session_runner.SESSION_CONFIGS)
+POSTGRES_KEYS = ("postgres", "session-postgres")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Delivery ledger cycle (record -> attempting -> delivered) over gRPC.",
+        description="Delivery ledger cycle (record -> attempting -> delivered) and SessionService "
+        "appends / next-turn loads over gRPC, against in-process database floors.",
     )
     parser.add_argument(
         "--quick", action="store_true", help="short runs (~3 s per measurement) for CI checks"
@@ -382,7 +306,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated subset of: " + ",".join(c.key for c in CONFIGS),
+        help="comma-separated subset of: " + ",".join(ALL_KEYS),
     )
     parser.add_argument(
         "--profile",
@@ -394,11 +318,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--output", type=Path, default=RESULTS_DIR / "latest.json", help="JSON results file"
     )
     args = parser.parse_args(argv)
-    keys = [k.strip() for k in args.only.split(",") if k.strip()] or [c.key for c in CONFIGS]
-    unknown = sorted(set(keys) - {c.key for c in CONFIGS})
+    keys = [k.strip() for k in args.only.split(",") if k.strip()] or list(ALL_KEYS)
+    unknown = sorted(set(keys) - set(ALL_KEYS))
     if unknown:
         parser.error(f"unknown configuration(s) {', '.join(unknown)}")
-    args.keys = [c.key for c in CONFIGS if c.key in keys]
+    args.keys = [key for key in ALL_KEYS if key in keys]
     return args
 
 
@@ -411,11 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
 
     postgres_ok = True
-    if "postgres" in keys:
+    if any(key in keys for key in POSTGRES_KEYS):
         reason = servers.postgres_unreachable_reason()
         if reason is not None:
             postgres_ok = False
-            keys = [k for k in keys if k != "postgres"]
+            keys = [k for k in keys if k not in POSTGRES_KEYS]
             notes.append(f"postgres skipped: {reason}")
             log(f"note: postgres skipped: {reason}")
         else:
@@ -425,32 +349,58 @@ def main(argv: list[str] | None = None) -> int:
         f"bench: {'quick' if args.quick else 'full'} run, {seconds:g} s per measurement "
         f"(+{warmup_s:g} s warm-up), configurations: {', '.join(keys) or 'none'}"
     )
-    floors = measure_floors(keys, seconds, postgres_ok)
+    delivery_keys = [c.key for c in CONFIGS if c.key in keys]
+    session_keys = [c.key for c in session_runner.SESSION_CONFIGS if c.key in keys]
+
+    # -- delivery ------------------------------------------------------------------------
+    floors = measure_floors(delivery_keys, seconds, postgres_ok)
     results = [
         measure_config(c, seconds, warmup_s, args.profile, noop=(i == 0))
-        for i, c in enumerate(c for c in CONFIGS if c.key in keys)
+        for i, c in enumerate(c for c in CONFIGS if c.key in delivery_keys)
+    ]
+    # -- sessions ------------------------------------------------------------------------
+    plan = session_runner.turn_plan(args.quick)
+    session_floors = session_runner.measure_floors(session_keys, seconds)
+    session_results = [
+        session_runner.measure_config(c, seconds, warmup_s, plan, args.profile, noop=(i == 0))
+        for i, c in enumerate(c for c in session_runner.SESSION_CONFIGS if c.key in session_keys)
     ]
 
     rows = table_rows(results, floors)
-    print(render_table(rows))
-    for m, label, _ in rows:
+    session_rows = session_runner.table_rows(session_results, session_floors)
+    for m, label, _ in rows + session_rows:
         if m.errors:
             notes.append(f"{label}, {m.clients} clients: {m.errors} error(s): {m.extra}")
 
     target: dict[str, Any] = {"line": TARGET_LINE, "measured": None, "met": None}
-    full = next((r for r in results if r["config"] == "sqlite-full"), None)
-    print()
-    if full is not None:
-        concurrent = full["kept"][1]
-        target["measured"] = round(concurrent.cycles_per_s, 1)
-        target["met"] = concurrent.cycles_per_s >= TARGET_CYCLES_PER_S and concurrent.errors == 0
-        verdict = "MET" if target["met"] else "NOT MET"
-        print(f"{TARGET_LINE}: {verdict} ({concurrent.cycles_per_s:,.0f} cycles/s measured)")
-    else:
-        print(f"{TARGET_LINE}: not measured (sqlite-full not selected)")
+    if delivery_keys:
+        print("== DeliveryService: send-path cycles ==")
+        print(render_table(rows))
+        full = next((r for r in results if r["config"] == "sqlite-full"), None)
+        print()
+        if full is not None:
+            concurrent = full["kept"][1]
+            target["measured"] = round(concurrent.cycles_per_s, 1)
+            target["met"] = (
+                concurrent.cycles_per_s >= TARGET_CYCLES_PER_S and concurrent.errors == 0
+            )
+            verdict = "MET" if target["met"] else "NOT MET"
+            print(f"{TARGET_LINE}: {verdict} ({concurrent.cycles_per_s:,.0f} cycles/s measured)")
+        else:
+            print(f"{TARGET_LINE}: not measured (sqlite-full not selected)")
+    session_target_records: list[dict[str, Any]] = []
+    if session_keys:
+        if delivery_keys:
+            print()
+        print("== SessionService: appends and next-turn loads ==")
+        print(session_runner.render_table(session_rows))
+        print()
+        target_lines, session_target_records = session_runner.targets(session_results)
+        for line in target_lines:
+            print(line)
     for note in notes:
         print(f"note: {note}")
-    for result in results:
+    for result in results + session_results:
         if result["profile"]:
             print(f"\n== profile of the server, {result['config']} ==\n{result['profile']}")
 
@@ -475,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
             {"configuration": label, "ratio": ratio, **m.to_json()} for m, label, ratio in rows
         ],
         "target": target,
+        "session": session_runner.report(
+            session_results, session_floors, session_rows, session_target_records, plan
+        ),
         "notes": notes,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

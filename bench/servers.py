@@ -1,7 +1,8 @@
 """Server processes and databases for the benchmark: start, watch, always stop.
 
-The DeliveryService runs exactly as an operator runs it (`python -m switchboard
-serve delivery`), in its own process; nothing here touches the server's code.
+The DeliveryService and the SessionService run exactly as an operator runs
+them (`python -m switchboard serve delivery|session`), each in its own
+process; nothing here touches the server's code.
 Profiling wraps that process from outside (py-spy attached to its pid, or the
 stdlib profiler as `python -m cProfile -o FILE -m switchboard …`).
 """
@@ -26,7 +27,10 @@ from urllib.parse import quote
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
-_LISTENING = re.compile(r"DeliveryService listening on (\S+)")
+_LISTENING = {
+    service: re.compile(rf"{service.capitalize()}Service listening on (\S+)")
+    for service in ("delivery", "session")
+}
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -74,7 +78,8 @@ def cpu_delta(before: dict[int, ThreadCpu], after: dict[int, ThreadCpu]) -> list
 
 
 class ServerProcess:
-    """`switchboard serve delivery` as a child process on 127.0.0.1, port picked by the OS."""
+    """`switchboard serve delivery|session` as a child process on 127.0.0.1, port picked by
+    the OS."""
 
     def __init__(
         self,
@@ -82,7 +87,11 @@ class ServerProcess:
         data_dir: Path,
         sqlite_synchronous: str = "FULL",
         cprofile_to: Path | None = None,
+        service: str = "delivery",
     ) -> None:
+        if service not in _LISTENING:
+            raise ValueError(f"unknown service {service!r}: use one of {', '.join(_LISTENING)}")
+        self.service = service
         self.url = url
         self.data_dir = data_dir
         self.sqlite_synchronous = sqlite_synchronous
@@ -107,10 +116,10 @@ class ServerProcess:
             "-m",
             "switchboard",
             "serve",
-            "delivery",
-            "--delivery-listen",
+            self.service,
+            f"--{self.service}-listen",
             "127.0.0.1:0",
-            "--delivery-database-url",
+            f"--{self.service}-database-url",
             self.url,
             "--sqlite-synchronous",
             self.sqlite_synchronous,
@@ -136,7 +145,7 @@ class ServerProcess:
         def read_until_listening() -> None:
             for line in stdout:
                 self.output.append(line.rstrip())
-                match = _LISTENING.search(line)
+                match = _LISTENING[self.service].search(line)
                 if match and not found:
                     found.append(match.group(1))
                     break
@@ -175,9 +184,13 @@ class ServerProcess:
 
 @contextmanager
 def running_server(
-    url: str, data_dir: Path, sqlite_synchronous: str = "FULL", cprofile_to: Path | None = None
+    url: str,
+    data_dir: Path,
+    sqlite_synchronous: str = "FULL",
+    cprofile_to: Path | None = None,
+    service: str = "delivery",
 ) -> Iterator[ServerProcess]:
-    server = ServerProcess(url, data_dir, sqlite_synchronous, cprofile_to)
+    server = ServerProcess(url, data_dir, sqlite_synchronous, cprofile_to, service)
     try:
         server.start()
         yield server
