@@ -142,6 +142,21 @@ class SessionIndex:
     resume_pending: bool = False
 
 
+@dataclass(frozen=True)
+class AgentIndex:
+    """An agent's projection row."""
+
+    name: str
+    archived: bool
+    version: int
+    last_seq: int
+    snapshot_version: int
+
+
+_SESSION_COLUMNS = tuple(SessionIndex.__dataclass_fields__)
+_AGENT_COLUMNS = tuple(AgentIndex.__dataclass_fields__)
+
+
 def agent_entity(name: str) -> str:
     return f"agent:{name}"
 
@@ -169,6 +184,12 @@ class LogStore:
         )  # fmt: skip
         self._timeline = Timeline()
         self._q = self.database.param
+        self._select_session, self._insert_session, self._update_session = self._row_sql(
+            "session_session", _SESSION_COLUMNS
+        )
+        self._select_agent, self._insert_agent, self._update_agent = self._row_sql(
+            "session_agent", _AGENT_COLUMNS
+        )
 
     def create_schema(self) -> None:
         with self.database.connection_context():
@@ -318,6 +339,18 @@ class LogStore:
         rows = tuples(self.Checkpoint.select().order_by(self.Checkpoint.seq, self.Checkpoint.label))
         return [(str(label), int(seq), float(at)) for label, seq, at in rows]
 
+    def _row_sql(self, table: str, columns: Sequence[str]) -> tuple[str, str, str]:
+        """SELECT by key, INSERT and UPDATE by key of a projection row (key first)."""
+        key, rest = columns[0], columns[1:]
+        return (
+            self._sql(f"SELECT {', '.join(columns)} FROM {table} WHERE {key} = ?"),
+            self._sql(
+                f"INSERT INTO {table} ({', '.join(columns)}) "
+                f"VALUES ({', '.join('?' for _ in columns)})"
+            ),
+            self._sql(f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in rest)} WHERE {key} = ?"),
+        )
+
     def _sql(self, text: str) -> str:
         return text.replace("?", self._q)
 
@@ -457,30 +490,21 @@ class LogStore:
 
     # -- projections ------------------------------------------------------------------------
 
-    def agent_index(self, name: str) -> AgentRow | None:
-        return self.Agent.get_or_none(self.Agent.name == name)
+    # The projection rows are read and written on every append: prepared SQL,
+    # because building these statements with peewee cost more than running them.
 
-    def put_agent_index(
-        self, name: str, *, archived: bool, version: int, last_seq: int, snapshot_version: int
-    ) -> None:
-        self.Agent.insert(
-            name=name,
-            archived=archived,
-            version=version,
-            last_seq=last_seq,
-            snapshot_version=snapshot_version,
-        ).on_conflict(
-            conflict_target=[self.Agent.name],
-            preserve=[
-                self.Agent.archived,
-                self.Agent.version,
-                self.Agent.last_seq,
-                self.Agent.snapshot_version,
-            ],
-        ).execute()
+    def agent_index(self, name: str) -> AgentIndex | None:
+        row = self.database.execute_sql(self._select_agent, [name]).fetchone()
+        if row is None:
+            return None
+        fields = dict(zip(_AGENT_COLUMNS, row, strict=True))
+        return AgentIndex(**{**fields, "archived": bool(fields["archived"])})
 
-    def set_agent_snapshot_version(self, name: str, version: int) -> None:
-        self.Agent.update(snapshot_version=version).where(self.Agent.name == name).execute()
+    def put_agent_index(self, index: AgentIndex) -> None:
+        values = [getattr(index, column) for column in _AGENT_COLUMNS]
+        updated = self.database.execute_sql(self._update_agent, [*values[1:], index.name])
+        if updated.rowcount == 0:
+            self.database.execute_sql(self._insert_agent, values)
 
     def list_agents(self, after_name: str, limit: int, include_archived: bool) -> list[str]:
         query = self.Agent.select(self.Agent.name).where(self.Agent.name > after_name)
@@ -489,15 +513,17 @@ class LogStore:
         return [name for (name,) in tuples(query.order_by(self.Agent.name).limit(limit))]
 
     def session_index(self, session_id: str) -> SessionIndex | None:
-        rows = dicts(self.Session.select().where(self.Session.session_id == session_id))
-        return SessionIndex(**rows[0]) if rows else None
+        row = self.database.execute_sql(self._select_session, [session_id]).fetchone()
+        if row is None:
+            return None
+        fields = dict(zip(_SESSION_COLUMNS, row, strict=True))
+        return SessionIndex(**{**fields, "resume_pending": bool(fields["resume_pending"])})
 
     def put_session_index(self, index: SessionIndex) -> None:
-        fields = self.Session._meta.fields
-        self.Session.insert(**index.__dict__).on_conflict(
-            conflict_target=[self.Session.session_id],
-            preserve=[field for name, field in fields.items() if name != "session_id"],
-        ).execute()
+        values = [getattr(index, column) for column in _SESSION_COLUMNS]
+        updated = self.database.execute_sql(self._update_session, [*values[1:], index.session_id])
+        if updated.rowcount == 0:
+            self.database.execute_sql(self._insert_session, values)
 
     def list_sessions(
         self,

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from session_service.sessions import Sessions
+from switchboard.session.v1 import session_service_pb2 as pb
 
 
 class LogCorrupt(RuntimeError):
@@ -53,11 +54,17 @@ def rebuild(
         total = store.event_count()
         before = store.projection_rows()
         store.clear_projections()
+        batch: list[pb.Event] = []
         for event in store.active_events():
-            sessions.project(event)
-            report.events += 1
-            if progress is not None and report.events % 1000 == 0:
-                progress(report.events, total)
+            batch.append(event)
+            if len(batch) == 1000:
+                sessions.project(batch)
+                report.events += len(batch)
+                batch = []
+                if progress is not None:
+                    progress(report.events, total)
+        sessions.project(batch)
+        report.events += len(batch)
         if progress is not None:
             progress(report.events, total)
         after = store.projection_rows()

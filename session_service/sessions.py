@@ -11,14 +11,20 @@ import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from typing import Any
 
 from google.protobuf import field_mask_pb2
 
 from session_service import freshness, permissions, replay, routing
-from session_service.log_store import LogStore, SessionIndex, agent_entity, session_entity
+from session_service.log_store import (
+    AgentIndex,
+    LogStore,
+    SessionIndex,
+    agent_entity,
+    session_entity,
+)
 from switchboard import pagination, validation
 from switchboard.database import TransactionRunner
 from switchboard.errors import (
@@ -127,96 +133,81 @@ class Sessions:
     def log(self, now: float, events: Sequence[pb.Event]) -> list[pb.Event]:
         """Appends events and keeps the projections and snapshots with them."""
         logged = self.store.append(events, now)
-        for event in logged:
-            self.project(event)
-        self._snapshot_if_due(logged)
+        self.project(logged, snapshot=True)
         return logged
 
-    def project(self, event: pb.Event) -> None:
-        """Updates the index rows and routes for one logged event (also used by rebuild)."""
+    def project(self, events: Sequence[pb.Event], snapshot: bool = False) -> None:
+        """Updates the index rows and routes for logged events (also what a rebuild
+        replays): each touched row is read once and written once per call."""
+        sessions: dict[str, SessionIndex] = {}
+        agents: dict[str, AgentIndex] = {}
+        for event in events:
+            if event.session_id:
+                self._project_session(event, sessions)
+            else:
+                self._project_agent(event, agents)
+        every = self.limits.snapshot_every
+        for index in sessions.values():
+            if snapshot and index.version - index.snapshot_version >= every:
+                self._snapshot_session(index.session_id)
+                index = replace(index, snapshot_version=index.version)
+            self.store.put_session_index(index)
+        for agent in agents.values():
+            if snapshot and agent.version - agent.snapshot_version >= every:
+                self._snapshot_agent(agent.name)
+                agent = replace(agent, snapshot_version=agent.version)
+            self.store.put_agent_index(agent)
+
+    def _project_agent(self, event: pb.Event, agents: dict[str, AgentIndex]) -> None:
+        current = agents.get(event.agent) or self.store.agent_index(event.agent)
+        agents[event.agent] = AgentIndex(
+            name=event.agent,
+            archived=event.HasField("agent_archived") or bool(current and current.archived),
+            version=1 if current is None else current.version + 1,
+            last_seq=event.sequence,
+            snapshot_version=0 if current is None else current.snapshot_version,
+        )
+
+    def _project_session(self, event: pb.Event, sessions: dict[str, SessionIndex]) -> None:
         body = event.WhichOneof("body")
-        store = self.store
-        if not event.session_id:
-            index = store.agent_index(event.agent)
-            version = 1 if index is None else int(index.version) + 1
-            store.put_agent_index(
-                event.agent,
-                archived=body == "agent_archived" or bool(index and index.archived),
-                version=version,
-                last_seq=event.sequence,
-                snapshot_version=0 if index is None else int(index.snapshot_version),
-            )
-            return
         if body == "session_opened":
             opened = event.session_opened
-            store.put_session_index(
-                SessionIndex(
-                    session_id=event.session_id,
-                    agent=event.agent,
-                    routing_key=opened.routing_key,
-                    transport=opened.source.transport,
-                    status=pb.SESSION_STATUS_OPEN,
-                    created_seq=event.sequence,
-                    last_seq=event.sequence,
-                    version=event.session_version,
-                    snapshot_version=0,
-                )
+            sessions[event.session_id] = SessionIndex(
+                session_id=event.session_id,
+                agent=event.agent,
+                routing_key=opened.routing_key,
+                transport=opened.source.transport,
+                status=pb.SESSION_STATUS_OPEN,
+                created_seq=event.sequence,
+                last_seq=event.sequence,
+                version=event.session_version,
+                snapshot_version=0,
             )
             if opened.routing_key:
-                store.set_route(event.agent, opened.routing_key, event.session_id)
+                self.store.set_route(event.agent, opened.routing_key, event.session_id)
             return
-        current = store.session_index(event.session_id)
+        current = sessions.get(event.session_id) or self.store.session_index(event.session_id)
         assert current is not None, f"event {event.sequence} for an unknown session"
-        status = current.status
-        resume_pending = current.resume_pending
+        changed = replace(current, last_seq=event.sequence, version=event.session_version)
         if body == "resume_marked":
-            resume_pending = event.resume_marked.pending
-        if body == "session_ended":
-            status = pb.SESSION_STATUS_ENDED
+            changed = replace(changed, resume_pending=event.resume_marked.pending)
+        elif body == "session_ended":
+            changed = replace(changed, status=pb.SESSION_STATUS_ENDED)
             if current.routing_key:
-                store.drop_route(event.agent, current.routing_key, event.session_id)
-        store.put_session_index(
-            SessionIndex(
-                **{
-                    **current.__dict__,
-                    "status": status,
-                    "last_seq": event.sequence,
-                    "version": event.session_version,
-                    "resume_pending": resume_pending,
-                }
-            )
-        )
+                self.store.drop_route(event.agent, current.routing_key, event.session_id)
+        sessions[event.session_id] = changed
 
-    def _snapshot_if_due(self, logged: Sequence[pb.Event]) -> None:
-        every = self.limits.snapshot_every
-        for session_id in {event.session_id for event in logged if event.session_id}:
-            index = self.store.session_index(session_id)
-            if index is not None and index.version - index.snapshot_version >= every:
-                self._write_session_snapshot(index)
-        for name in {event.agent for event in logged if not event.session_id}:
-            agent_index = self.store.agent_index(name)
-            if (
-                agent_index is not None
-                and agent_index.version - agent_index.snapshot_version >= every
-            ):
-                self._write_agent_snapshot(name)
-
-    def _write_session_snapshot(self, index: SessionIndex) -> int:
-        state = self.store.session_state(index.session_id)
+    def _snapshot_session(self, session_id: str) -> int:
+        state = self.store.session_state(session_id)
         assert state is not None
-        self.store.save_snapshot(
-            session_entity(index.session_id), state.session.last_sequence, state.SerializeToString()
-        )
-        self.store.put_session_index(
-            SessionIndex(**{**index.__dict__, "snapshot_version": index.version})
-        )
-        return state.session.last_sequence
+        sequence = state.session.last_sequence
+        self.store.save_snapshot(session_entity(session_id), sequence, state.SerializeToString())
+        return sequence
 
-    def _write_agent_snapshot(self, name: str) -> None:
+    def _snapshot_agent(self, name: str) -> None:
         agent = self.store.agent_state(name)
         assert agent is not None
         self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent.SerializeToString())
-        self.store.set_agent_snapshot_version(name, agent.version)
 
     def notify_watchers(self) -> None:
         waiters, self._waiters = self._waiters, set()
@@ -692,8 +683,9 @@ class Sessions:
 
         def op(_now: float) -> int:
             index = self.session_of(agent, session_id)
-            self._write_agent_snapshot(agent)
-            return self._write_session_snapshot(index)
+            self._snapshot_agent(agent)
+            self.store.put_session_index(replace(index, snapshot_version=index.version))
+            return self._snapshot_session(session_id)
 
         result: int = await self.runner.write(op)
         return result

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from session_service.log_store import SessionIndex
+from session_service.log_store import AgentIndex, SessionIndex
 from session_service.sessions import Sessions
 from switchboard.errors import (
     AlreadyExists,
@@ -173,11 +173,13 @@ class TimeTravel:
             self.store.delete_agent_index(name)  # created after the cut
             return
         self.store.put_agent_index(
-            name,
-            archived=agent.archived,
-            version=agent.version,
-            last_seq=agent.last_sequence,
-            snapshot_version=agent.version,
+            AgentIndex(
+                name=name,
+                archived=agent.archived,
+                version=agent.version,
+                last_seq=agent.last_sequence,
+                snapshot_version=agent.version,
+            )
         )
 
     # -- retention --------------------------------------------------------------------------
