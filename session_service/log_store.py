@@ -202,11 +202,21 @@ class LogStore:
     def timeline(self) -> Timeline:
         """The abandoned intervals, reloaded only when another rewind has been logged
         (by this process or another replica)."""
-        newest = int(self.Rewind.select(peewee.fn.MAX(self.Rewind.seq)).scalar() or 0)
+        row = self.database.execute_sql("SELECT MAX(seq) FROM session_rewind").fetchone()
+        newest = int(row[0] or 0)
         if newest != self._timeline.newest_record:
             records = tuples(self.Rewind.select(self.Rewind.seq, self.Rewind.target))
             self._timeline = Timeline.from_records((int(s), int(t)) for s, t in records)
         return self._timeline
+
+    def _active_sql(self, column: str, timeline: Timeline) -> tuple[str, list[int]]:
+        """SQL that keeps `column` outside every abandoned interval, and its parameters."""
+        clauses = [f" AND ({column} <= ? OR {column} >= ?)" for _ in timeline.abandoned]
+        params = [bound for interval in timeline.abandoned for bound in interval]
+        return self._sql("".join(clauses)), params
+
+    def _payloads(self, sql: str, params: Sequence[Any]) -> list[pb.Event]:
+        return [_event(row[0]) for row in self.database.execute_sql(sql, params).fetchall()]
 
     def _active(self, timeline: Timeline | None = None) -> peewee.Expression:
         """Log rows outside every abandoned interval."""
@@ -409,31 +419,30 @@ class LogStore:
         self, entity: str, after_seq: int, until: int | None = None
     ) -> list[pb.Event]:
         kind, _, key = entity.partition(":")
-        if kind == "agent":
-            where = (self.Event.agent == key) & self.Event.session_id.is_null()
-        else:
-            where = self.Event.session_id == key
-        query = (
-            self.Event.select(self.Event.payload)
-            .where(where & (self.Event.seq > after_seq) & self._active())
-            .order_by(self.Event.seq)
+        where = "agent = ? AND session_id IS NULL" if kind == "agent" else "session_id = ?"
+        active, active_params = self._active_sql("seq", self.timeline())
+        bound = "" if until is None else " AND seq <= ?"
+        sql = (
+            self._sql(f"SELECT payload FROM session_log WHERE {where} AND seq > ?{bound}")
+            + active
+            + " ORDER BY seq"
         )
-        if until is not None:
-            query = query.where(self.Event.seq <= until)
-        return [_event(payload) for (payload,) in tuples(query)]
+        params = [key, after_seq, *([] if until is None else [until]), *active_params]
+        return self._payloads(sql, params)
 
     def history(
         self, session_id: str, after_seq: int, limit: int, newest: bool, include_abandoned: bool
     ) -> list[pb.Event]:
-        query = self.Event.select(self.Event.payload).where(
-            (self.Event.session_id == session_id)
-            & (self.Event.kind == "message_appended")
-            & (self.Event.seq > after_seq)
+        active, params = ("", []) if include_abandoned else self._active_sql("seq", self.timeline())
+        sql = (
+            self._sql(
+                "SELECT payload FROM session_log "
+                "WHERE session_id = ? AND kind = 'message_appended' AND seq > ?"
+            )
+            + active
+            + f" ORDER BY seq {'DESC' if newest else 'ASC'} LIMIT {int(limit)}"
         )
-        if not include_abandoned:
-            query = query.where(self._active())
-        order = self.Event.seq.desc() if newest else self.Event.seq
-        events = [_event(p) for (p,) in tuples(query.order_by(order).limit(limit))]
+        events = self._payloads(sql, [session_id, after_seq, *params])
         return events[::-1] if newest else events
 
     # -- snapshots --------------------------------------------------------------------------
@@ -441,14 +450,17 @@ class LogStore:
     def latest_snapshot(self, entity: str, until: int | None = None) -> tuple[int, bytes] | None:
         """The newest snapshot whose sequence is active: one taken at a sequence a
         rewind later abandoned describes a state that no longer exists."""
-        query = self.Snapshot.select(self.Snapshot.seq, self.Snapshot.state).where(
-            self.Snapshot.entity == entity
+        active, params = self._active_sql("seq", self.timeline())
+        bound = "" if until is None else " AND seq <= ?"
+        sql = (
+            self._sql(f"SELECT seq, state FROM session_snapshot WHERE entity = ?{bound}")
+            + active
+            + " ORDER BY seq DESC LIMIT 1"
         )
-        query = query.where(self._active_snapshot(self.timeline()))
-        if until is not None:
-            query = query.where(self.Snapshot.seq <= until)
-        rows = tuples(query.order_by(self.Snapshot.seq.desc()).limit(1))
-        return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
+        row = self.database.execute_sql(
+            sql, [entity, *([] if until is None else [until]), *params]
+        ).fetchone()
+        return None if row is None else (int(row[0]), bytes(row[1]))
 
     def save_snapshot(self, entity: str, seq: int, state: bytes) -> None:
         self.Snapshot.insert(entity=entity, seq=seq, state=state).on_conflict_ignore().execute()
