@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import baseline, harness, profile_report, servers, session_runner
+from bench import baseline, harness, profile_report, servers, session_runner, timetravel
 from bench.harness import RESULTS_DIR, log
 from bench.stats import Measurement
 
@@ -290,7 +290,11 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-ALL_KEYS = tuple(c.key for c in CONFIGS) + tuple(c.key for c in session_runner.SESSION_CONFIGS)
+ALL_KEYS = (
+    *(c.key for c in CONFIGS),
+    *(c.key for c in session_runner.SESSION_CONFIGS),
+    "timetravel",
+)
 POSTGRES_KEYS = ("postgres", "session-postgres")
 
 
@@ -398,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         target_lines, session_target_records = session_runner.targets(session_results)
         for line in target_lines:
             print(line)
+    if "timetravel" in keys:
+        print("\n== SessionService: restart and global rewind against the size of the log ==")
+        timetravel.main(["--quick"] if args.quick else [])
     for note in notes:
         print(f"note: {note}")
     for result in results + session_results:
