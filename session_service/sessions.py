@@ -1,6 +1,6 @@
 """The SessionService's domain core: agents, sessions, routing, the log.
 
-Every change is a typed event appended to the global log by `_log`, which
+Every change is a typed event appended to the global log by `log`, which
 also keeps the projections (agent and session index rows, routes) in the same
 transaction through `project`, the one function a rebuild replays too.
 """
