@@ -41,6 +41,12 @@ def test_buf_lint() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_kubernetes_manifests_validate_strictly() -> None:
+    manifests = sorted(str(path) for path in (ROOT / "k8s").rglob("*.yaml"))
+    assert manifests, "no manifests under k8s/"
+    _run(str(BIN / "kubernetes-validate"), "--strict", "--quiet", *manifests)
+
+
 @pytest.mark.parametrize("proto", sorted((ROOT / "protos").rglob("*.proto")), ids=lambda p: p.name)
 def test_generated_stubs_match_the_protos(proto: Path, tmp_path: Path) -> None:
     """The installed stubs were generated from these protos (reinstall if this fails)."""
