@@ -41,6 +41,20 @@ def test_buf_lint() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_protos_have_no_breaking_change_since_the_previous_commit() -> None:
+    previous = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", "HEAD~1:protos"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if previous.returncode != 0:
+        pytest.skip("no previous commit with protos/ to compare against")
+    result = subprocess.run(
+        [str(BIN / "buf"), "breaking", "protos", "--against", ".git#ref=HEAD~1,subdir=protos"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_kubernetes_manifests_validate_strictly() -> None:
     manifests = sorted(str(path) for path in (ROOT / "k8s").rglob("*.yaml"))
     assert manifests, "no manifests under k8s/"
