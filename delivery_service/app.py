@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import grpc
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from delivery_service.ledger import Ledger
 from delivery_service.servicer import DeliveryServicer
@@ -34,3 +38,37 @@ class DeliveryUnit:
 
     def close(self) -> None:
         self.runner.close()
+
+    def gauges(self) -> Iterable[Metric]:
+        """Ledger gauges for Prometheus, read at scrape time."""
+        stats = self.runner.submit_read(lambda: self.store.stats(self.store.backend.now()))
+        result = stats.result(timeout=10)
+        rows = GaugeMetricFamily(
+            "switchboard_ledger_rows", "Obligations by state.", labels=["state"]
+        )
+        for state, count in result.state_counts.items():
+            rows.add_metric([state.value], count)
+        gated = GaugeMetricFamily(
+            "switchboard_ledger_gated_rows",
+            "Recoverable rows whose platform no live instance has connected.",
+            labels=["platform"],
+        )
+        for platform, count in result.gated_by_platform.items():
+            gated.add_metric([platform], count)
+        yield rows
+        yield gated
+        yield GaugeMetricFamily(
+            "switchboard_ledger_oldest_pending_age_seconds",
+            "Age of the oldest pending obligation.",
+            value=result.oldest_pending_age_s,
+        )
+        yield GaugeMetricFamily(
+            "switchboard_ledger_in_doubt_rows",
+            "Attempting rows whose owner died: the send may or may not have happened.",
+            value=result.in_doubt_count,
+        )
+        yield GaugeMetricFamily(
+            "switchboard_ledger_live_instances",
+            "Live gateway instances.",
+            value=result.live_instance_count,
+        )

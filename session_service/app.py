@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import grpc
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from session_service import recovery
 from session_service.log_store import LogStore
@@ -35,3 +39,15 @@ class SessionUnit:
 
     def close(self) -> None:
         self.runner.close()
+
+    def gauges(self) -> Iterable[Metric]:
+        """Log gauges for Prometheus, read at scrape time."""
+        head, lag = self.runner.submit_read(self.store.head_and_snapshot_lag).result(timeout=10)
+        yield GaugeMetricFamily(
+            "switchboard_log_head_sequence", "The newest sequence of the global log.", value=head
+        )
+        yield GaugeMetricFamily(
+            "switchboard_snapshot_lag_events",
+            "The most events any session has appended since its latest snapshot.",
+            value=lag,
+        )

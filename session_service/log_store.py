@@ -612,6 +612,12 @@ class LogStore:
             rows[name] = set(tuples(model.select(*columns)))
         return rows
 
+    def head_and_snapshot_lag(self) -> tuple[int, int]:
+        lag = self.database.execute_sql(
+            "SELECT MAX(version - snapshot_version) FROM session_session"
+        ).fetchone()[0]
+        return self.head(), int(lag or 0)
+
     def max_logged_seq(self) -> int:
         value = self.Event.select(peewee.fn.MAX(self.Event.seq)).scalar()
         return int(value or 0)

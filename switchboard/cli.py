@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
+from prometheus_client import CollectorRegistry
 
+from switchboard.auth import parse_tokens
 from switchboard.database import DatabaseSettings
+from switchboard.observability import (
+    RpcMetrics,
+    StateCollector,
+    configure_logging,
+    serve_metrics,
+)
 from switchboard.server import GrpcApp, ServerSettings, serve_until_signalled
 
 DEFAULT_SESSION_LISTEN = "127.0.0.1:50051"
@@ -34,11 +41,18 @@ def _backoff(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
-def main(log_level: str) -> None:
+@click.option(
+    "--log-format",
+    default="json",
+    envvar="SWITCHBOARD_LOG_FORMAT",
+    show_default=True,
+    type=click.Choice(["json", "text"]),
+    help="json: one structured line per event; access lines carry method, status, "
+    "duration and request id.",
+)
+def main(log_level: str, log_format: str) -> None:
     """Switchboard: session and delivery backbone for AI-agent gateways."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(log_level, json_format=log_format == "json")
 
 
 @main.command()
@@ -154,6 +168,36 @@ def main(log_level: str) -> None:
     show_default=True,
     help="Seconds in-flight calls get after SIGTERM.",
 )
+@click.option(
+    "--metrics-listen",
+    default="",
+    envvar="SWITCHBOARD_METRICS_LISTEN",
+    help="host:port for the Prometheus endpoint (off when empty).",
+)
+@click.option(
+    "--auth-tokens",
+    default="",
+    envvar="SWITCHBOARD_AUTH_TOKENS",
+    help="TOKEN=admin;TOKEN=agents:a,b (authentication is off when empty).",
+)
+@click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="SWITCHBOARD_TLS_CERT",
+    help="PEM certificate: serve TLS.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="SWITCHBOARD_TLS_KEY",
+    help="PEM private key of --tls-cert.",
+)
+@click.option(
+    "--tls-client-ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="SWITCHBOARD_TLS_CLIENT_CA",
+    help="PEM CA: require client certificates it signed (mTLS).",
+)
 def serve(
     which: str,
     data_dir: Path,
@@ -173,6 +217,11 @@ def serve(
     max_content_bytes: int,
     max_concurrent_rpcs: int | None,
     drain_grace: float,
+    metrics_listen: str,
+    auth_tokens: str,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_client_ca: Path | None,
 ) -> None:
     """Run the services until SIGTERM or Ctrl-C (then drain and exit 0)."""
     from delivery_service.app import DeliveryUnit
@@ -188,9 +237,25 @@ def serve(
             writer_threads=db_writer_threads,
         )
 
+    try:
+        grants = parse_tokens(auth_tokens)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--auth-tokens") from exc
+    if (tls_cert is None) != (tls_key is None) or (tls_client_ca and not tls_cert):
+        raise click.UsageError("TLS needs --tls-cert and --tls-key (and then --tls-client-ca)")
+    registry = CollectorRegistry()
+    metrics = RpcMetrics(registry) if metrics_listen else None
+
     def server(listen: str) -> ServerSettings:
         return ServerSettings(
-            listen=listen, max_concurrent_rpcs=max_concurrent_rpcs, drain_grace_s=drain_grace
+            listen=listen,
+            max_concurrent_rpcs=max_concurrent_rpcs,
+            drain_grace_s=drain_grace,
+            auth=grants,
+            metrics=metrics,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_client_ca=tls_client_ca,
         )
 
     apps: list[GrpcApp] = []
@@ -212,6 +277,12 @@ def serve(
         )
         apps.append(GrpcApp(DeliveryUnit(settings, limits), server(delivery_listen)))
         urls[id(apps[-1])] = _redacted(settings.url)
+
+    if metrics_listen:
+        for app in apps:
+            registry.register(StateCollector(app.unit.gauges))
+        metrics_port = serve_metrics(registry, metrics_listen)
+        click.echo(f"switchboard: metrics on {metrics_listen.rpartition(':')[0]}:{metrics_port}")
 
     def announce(started: Sequence[GrpcApp]) -> None:
         for app in started:

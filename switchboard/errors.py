@@ -52,3 +52,7 @@ class OutOfRange(DomainError):
 
 class Aborted(DomainError):
     """A concurrency conflict: re-read and retry."""
+
+
+class Unauthenticated(DomainError):
+    """No valid credentials were presented."""

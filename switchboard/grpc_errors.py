@@ -31,6 +31,7 @@ _STATUS_OF: dict[type[errors.DomainError], grpc.StatusCode] = {
     errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
     errors.Aborted: grpc.StatusCode.ABORTED,
+    errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 
@@ -105,12 +106,14 @@ def _wrap_stream(
     return wrapped
 
 
-class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Maps domain errors raised by any handler to rich gRPC statuses."""
+class WrappingInterceptor(grpc.aio.ServerInterceptor):
+    """Base of the server interceptors: wraps each method's behaviour once.
+
+    Wrapped handlers are cached by method; unknown methods are not cached, so
+    junk method names cannot grow the cache.
+    """
 
     def __init__(self) -> None:
-        # Wrapped handlers by method: built once, not on every call. Unknown
-        # methods are not cached, so junk method names cannot grow this.
         self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
 
     async def intercept_service(
@@ -123,27 +126,50 @@ class DomainErrorInterceptor(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         cached = self._wrapped.get(method)
         if cached is None:
-            cached = _wrapped(await continuation(handler_call_details))
+            cached = rewrapped(
+                await continuation(handler_call_details),
+                lambda behavior: self.wrap_unary(method, behavior),
+                lambda behavior: self.wrap_stream(method, behavior),
+            )
             if cached is None:
                 return None
             self._wrapped[method] = cached
         return cached
 
+    def wrap_unary(self, method: str, behavior: Any) -> Any:
+        return behavior
 
-def _wrapped(
+    def wrap_stream(self, method: str, behavior: Any) -> Any:
+        return behavior
+
+
+class DomainErrorInterceptor(WrappingInterceptor):
+    """Maps domain errors raised by any handler to rich gRPC statuses."""
+
+    def wrap_unary(self, method: str, behavior: Any) -> Any:
+        return _wrap_unary(behavior)
+
+    def wrap_stream(self, method: str, behavior: Any) -> Any:
+        return _wrap_stream(behavior)
+
+
+def rewrapped(
     handler: grpc.RpcMethodHandler[Any, Any] | None,
+    unary: Callable[[Any], Any],
+    stream: Callable[[Any], Any],
 ) -> grpc.RpcMethodHandler[Any, Any] | None:
+    """The handler with its unary-unary or unary-stream behaviour wrapped."""
     if handler is None:
         return None
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(
-            _wrap_unary(handler.unary_unary),  # type: ignore[arg-type]
+            unary(handler.unary_unary),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(
-            _wrap_stream(handler.unary_stream),  # type: ignore[arg-type]
+            stream(handler.unary_stream),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )

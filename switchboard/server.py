@@ -10,16 +10,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from prometheus_client.metrics_core import Metric
 
+from switchboard.auth import AuthInterceptor, Grant
 from switchboard.grpc_errors import DomainErrorInterceptor
+from switchboard.observability import ObservabilityInterceptor, RpcMetrics
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +42,25 @@ class ServerSettings:
     #: load balancer spreads long-lived HTTP/2 connections over new replicas.
     max_connection_age_s: float = 300.0
     keepalive_time_s: float = 30.0
+    #: Bearer tokens and what they may do; empty turns authentication off.
+    auth: Mapping[str, Grant] = field(default_factory=dict)
+    #: Counts and times every call when set.
+    metrics: RpcMetrics | None = None
+    #: PEM files: serve TLS with cert and key; with client_ca, require client
+    #: certificates signed by it (mTLS).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+
+    def credentials(self) -> grpc.ServerCredentials | None:
+        if self.tls_cert is None or self.tls_key is None:
+            return None
+        root = self.tls_client_ca.read_bytes() if self.tls_client_ca else None
+        return grpc.ssl_server_credentials(
+            [(self.tls_key.read_bytes(), self.tls_cert.read_bytes())],
+            root_certificates=root,
+            require_client_auth=root is not None,
+        )
 
 
 class ServiceUnit(Protocol):
@@ -50,6 +73,10 @@ class ServiceUnit(Protocol):
 
     def close(self) -> None:
         """Releases storage after the server has drained."""
+        ...
+
+    def gauges(self) -> Iterable[Metric]:
+        """State gauges (read from storage) for the metrics endpoint."""
         ...
 
 
@@ -67,8 +94,14 @@ class GrpcApp:
         """Builds the server on the running event loop and starts listening."""
         settings = self.settings
         self.health = HealthServicer()
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            DomainErrorInterceptor(),
+            AuthInterceptor(settings.auth),
+        ]
+        if settings.metrics is not None:
+            interceptors.insert(0, ObservabilityInterceptor(settings.metrics))
         self.server = grpc.aio.server(
-            interceptors=[DomainErrorInterceptor()],
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", settings.max_message_bytes),
                 ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -92,7 +125,12 @@ class GrpcApp:
             self.server,
         )
 
-        self.port = self.server.add_insecure_port(settings.listen)
+        credentials = settings.credentials()
+        self.port = (
+            self.server.add_secure_port(settings.listen, credentials)
+            if credentials is not None
+            else self.server.add_insecure_port(settings.listen)
+        )
         if self.port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
         await self.server.start()

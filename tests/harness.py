@@ -126,10 +126,10 @@ def delivery_server(
 
 
 def session_server(
-    loop: EventLoopThread, url: str, limits: SessionLimits | None = None
+    loop: EventLoopThread, url: str, limits: SessionLimits | None = None, **settings: Any
 ) -> AbstractContextManager[InProcessSession]:
     unit = SessionUnit(DatabaseSettings(url=url), limits or SessionLimits(watch_poll_s=0.2))
-    return _serve(loop, unit, session_grpc.SessionServiceStub)
+    return _serve(loop, unit, session_grpc.SessionServiceStub, **settings)
 
 
 class Gateway:

@@ -1,0 +1,126 @@
+"""Bearer-token authentication and agent scopes, for both services.
+
+Tokens come from configuration as `TOKEN=SCOPE` pairs separated by ";":
+`admin` may call anything; `agents:a,b` may call the SessionService for those
+agents and the DeliveryService's gateway calls. Operator calls (rewind,
+truncation, agent administration, ledger repair) need `admin`. Health checks
+and reflection carry no token (kubelet probes cannot send one) and are exempt.
+With no tokens configured, authentication is off (the local default).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from switchboard.errors import PermissionDenied, Unauthenticated
+from switchboard.grpc_errors import WrappingInterceptor
+
+EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+#: Methods only an admin token may call.
+ADMIN_ONLY = frozenset(
+    {
+        "CreateAgent", "UpdateAgent", "DeleteAgent", "ListAgents", "Rewind", "Checkout",
+        "CreateCheckpoint", "TruncateLog", "PruneObligations", "RetryObligation",
+        "AbandonObligation",
+    }
+)  # fmt: skip
+#: Request fields that name an agent; every one present must be in the token's scope.
+AGENT_FIELDS = ("agent", "to_agent", "name")
+
+
+@dataclass(frozen=True)
+class Grant:
+    admin: bool = False
+    agents: frozenset[str] = frozenset()
+
+
+def parse_tokens(spec: str) -> dict[str, Grant]:
+    """`tok1=admin;tok2=agents:main,coder` → grants by token."""
+    grants: dict[str, Grant] = {}
+    for entry in filter(None, (part.strip() for part in spec.split(";"))):
+        token, _, scope = entry.partition("=")
+        if not token or not scope:
+            raise ValueError(f"auth token entry {entry[:8]}…: use TOKEN=admin or TOKEN=agents:a,b")
+        if scope == "admin":
+            grants[token] = Grant(admin=True)
+        elif scope.startswith("agents:"):
+            names = frozenset(filter(None, scope.removeprefix("agents:").split(",")))
+            grants[token] = Grant(agents=names)
+        else:
+            raise ValueError(f"unknown scope {scope!r}: use admin or agents:a,b")
+    return grants
+
+
+def _agents_named(request: Any) -> set[str]:
+    names: set[str] = set()
+    for field in AGENT_FIELDS:
+        value = getattr(request, field, "")
+        if isinstance(value, str):
+            names.add(value)
+        elif hasattr(value, "name"):  # an Agent message (CreateAgent, UpdateAgent)
+            names.add(value.name)
+    return names - {""}
+
+
+class AuthInterceptor(WrappingInterceptor):
+    def __init__(self, grants: Mapping[str, Grant]) -> None:
+        super().__init__()
+        self.grants = dict(grants)
+
+    def _grant(self, context: grpc.aio.ServicerContext[Any, Any]) -> Grant:
+        header = dict(context.invocation_metadata() or ()).get("authorization", "")
+        scheme, _, token = header.partition(" ") if isinstance(header, str) else ("", "", "")
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        for known, grant in self.grants.items():
+            if token and hmac.compare_digest(token, known):
+                return grant
+        raise Unauthenticated(
+            "UNAUTHENTICATED", "send a valid token as 'authorization: Bearer <token>'"
+        )
+
+    def _authorize(self, method: str, request: Any, context: Any) -> None:
+        grant = self._grant(context)
+        if grant.admin:
+            return
+        name = method.rsplit("/", 1)[-1]
+        if name in ADMIN_ONLY:
+            raise PermissionDenied("ADMIN_ONLY", f"{name} needs an admin token")
+        if name == "WatchEvents" and not request.agent:
+            raise PermissionDenied(
+                "AGENT_SCOPE", "name the agent to watch: this token is scoped to agents"
+            )
+        outside = sorted(_agents_named(request) - grant.agents)
+        if outside:
+            raise PermissionDenied(
+                "AGENT_SCOPE", f"this token may not act for agent {outside[0]!r}"
+            )
+
+    def wrap_unary(
+        self, method: str, behavior: Callable[[Any, Any], Awaitable[Any]]
+    ) -> Callable[[Any, Any], Awaitable[Any]]:
+        if not self.grants or method.startswith(EXEMPT_PREFIXES):
+            return behavior
+
+        async def checked(request: Any, context: Any) -> Any:
+            self._authorize(method, request, context)
+            return await behavior(request, context)
+
+        return checked
+
+    def wrap_stream(
+        self, method: str, behavior: Callable[[Any, Any], AsyncIterator[Any]]
+    ) -> Callable[[Any, Any], AsyncIterator[Any]]:
+        if not self.grants or method.startswith(EXEMPT_PREFIXES):
+            return behavior
+
+        async def checked(request: Any, context: Any) -> AsyncIterator[Any]:
+            self._authorize(method, request, context)
+            async for response in behavior(request, context):
+                yield response
+
+        return checked
