@@ -2,5 +2,14 @@
 
 from switchboard_client.delivery import SERVICE_CONFIG, DeliveryClient
 from switchboard_client.errors import SwitchboardError
+from switchboard_client.session import SERVICE_CONFIG as SESSION_SERVICE_CONFIG
+from switchboard_client.session import EventStream, SessionClient
 
-__all__ = ["SERVICE_CONFIG", "DeliveryClient", "SwitchboardError"]
+__all__ = [
+    "SERVICE_CONFIG",
+    "SESSION_SERVICE_CONFIG",
+    "DeliveryClient",
+    "EventStream",
+    "SessionClient",
+    "SwitchboardError",
+]

@@ -9,20 +9,20 @@ every failure surfaces as one exception type, `SwitchboardError`.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
 from collections.abc import Iterator, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2
 
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
-from switchboard_client.errors import SwitchboardError, from_rpc_error
+from switchboard_client._base import MAX_CALL_TIMEOUT as MAX_CALL_TIMEOUT
+from switchboard_client._base import BaseClient, service_config
+from switchboard_client._base import duration as _duration
+from switchboard_client.errors import SwitchboardError
 
 log = logging.getLogger("switchboard_client")
 
@@ -47,44 +47,13 @@ RETRYABLE_METHODS: tuple[str, ...] = (
 # ClaimRecoverable (a retry claims more rows and bumps attempts) and
 # RetryObligation (a retry resets a row a concurrent claim may already hold).
 
-#: Ceiling for any call on a channel built from this config; the per-call deadline
-#: (`timeout_s`) is normally shorter and wins. A larger `timeout_s` is capped here.
-MAX_CALL_TIMEOUT = "30s"
-
 #: gRPC service config: a timeout for every method of the service (the nameless
 #: entry covers methods added later, which stay unretried until reviewed) and a
 #: retry on UNAVAILABLE for the idempotent methods only.
-SERVICE_CONFIG: dict[str, Any] = {
-    "methodConfig": [
-        {
-            "name": [{"service": SERVICE_NAME}],
-            "timeout": MAX_CALL_TIMEOUT,
-        },
-        {
-            "name": [{"service": SERVICE_NAME, "method": method} for method in RETRYABLE_METHODS],
-            "timeout": MAX_CALL_TIMEOUT,
-            "retryPolicy": {
-                "maxAttempts": 4,
-                "initialBackoff": "0.1s",
-                "maxBackoff": "2s",
-                "backoffMultiplier": 2,
-                "retryableStatusCodes": ["UNAVAILABLE"],
-            },
-        },
-    ]
-}
-
-_Request = TypeVar("_Request")
-_Response = TypeVar("_Response")
+SERVICE_CONFIG: dict[str, Any] = service_config(SERVICE_NAME, RETRYABLE_METHODS)
 
 
-def _duration(seconds: float) -> duration_pb2.Duration:
-    value = duration_pb2.Duration()
-    value.FromNanoseconds(round(seconds * 1e9))
-    return value
-
-
-class DeliveryClient:
+class DeliveryClient(BaseClient):
     """The DeliveryService for one gateway process (thread-safe, like its channel).
 
     Every method raises `SwitchboardError` on failure, except `record_best_effort`,
@@ -103,49 +72,9 @@ class DeliveryClient:
 
         A channel passed in stays the caller's: `close()` leaves it open.
         """
-        self.timeout_s = timeout_s
+        super().__init__(target, config=SERVICE_CONFIG, timeout_s=timeout_s, channel=channel)
         self.best_effort_timeout_s = best_effort_timeout_s
-        self._owns_channel = channel is None
-        self._channel = (
-            channel
-            if channel is not None
-            else grpc.insecure_channel(
-                target,
-                options=[
-                    ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
-                    ("grpc.enable_retries", 1),
-                ],
-            )
-        )
         self._stub = pb_grpc.DeliveryServiceStub(self._channel)
-
-    def close(self) -> None:
-        """Closes the channel this client created (not one passed in)."""
-        if self._owns_channel:
-            self._channel.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _call(
-        self,
-        method: grpc.UnaryUnaryMultiCallable[_Request, _Response],
-        request: _Request,
-        timeout_s: float | None = None,
-    ) -> _Response:
-        """Every call gets a deadline: a hung server must never hang a gateway."""
-        try:
-            return method(request, timeout=self.timeout_s if timeout_s is None else timeout_s)
-        except grpc.RpcError as error:
-            raise from_rpc_error(error) from error
 
     # -- gateway instances ----------------------------------------------------------------
 
@@ -348,12 +277,8 @@ class DeliveryClient:
             owner_instance_id=owner_instance_id,
             page_size=page_size,
         )
-        while True:
-            page = self._call(self._stub.ListObligations, request)
+        for page in self._pages(self._stub.ListObligations, request):
             yield from page.obligations
-            if not page.next_page_token:
-                return
-            request.page_token = page.next_page_token
 
     def retry(self, obligation_id: str) -> pb.Obligation:
         """Operator action: makes a FAILED or ABANDONED row due now, attempts reset."""

@@ -1,0 +1,455 @@
+"""A typed, synchronous client for the SessionService (agents, sessions, the event log).
+
+A gateway resolves each incoming message to its session, appends the turn's
+events, reads history and state to build the next prompt, and may watch the
+log live. This client wraps the generated stub so that every unary call has a
+deadline, transient outages of idempotent calls are retried by gRPC itself,
+and every failure surfaces as one exception type, `SwitchboardError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+import grpc
+from google.protobuf import field_mask_pb2
+
+from switchboard.session.v1 import session_service_pb2 as pb
+from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
+from switchboard_client._base import BaseClient, service_config
+from switchboard_client.errors import SwitchboardError, from_rpc_error
+
+SERVICE_NAME = "switchboard.session.v1.SessionService"
+
+#: Methods safe to send twice: reads, and writes that set a value (a second attempt
+#: after a committed first one leaves the same state behind).
+RETRYABLE_METHODS: tuple[str, ...] = (
+    # reads
+    "GetAgent",
+    "ListAgents",
+    "GetSession",
+    "ListSessions",
+    "GetHistory",
+    "GetSessionState",
+    "ListCheckpoints",
+    # idempotent writes
+    "UpdateAgent",
+    "DeleteAgent",
+    "PutMemory",
+    "DeleteMemory",
+    "EndSession",
+    "SnapshotSession",
+    "MarkResumable",
+    "SuspendSession",
+)
+# Never retried: CreateAgent, SpawnSession and CreateCheckpoint (a committed first
+# attempt makes the retry fail ALREADY_EXISTS); ResolveSession (the retry would report
+# created=False for the session the first attempt created); AppendEvents, PostToInbox,
+# ForkSession, Delegate and SendToPeer (a retry appends, posts or creates twice);
+# ResetSession (a retry resets the fresh session too); Rewind, Checkout and TruncateLog
+# (log surgery is done once, deliberately); CheckPermission (each call writes an audit
+# event); ListResumable (it resets stale sessions: a retry would not report them).
+
+#: Long-lived server streams: no timeout and no retry from the service config.
+STREAMING_METHODS: tuple[str, ...] = ("WatchEvents",)
+
+#: gRPC service config: a timeout for every unary method of the service (the nameless
+#: entry covers methods added later, which stay unretried until reviewed), a retry on
+#: UNAVAILABLE for the idempotent methods only, and no timeout for WatchEvents.
+SERVICE_CONFIG: dict[str, Any] = service_config(
+    SERVICE_NAME, RETRYABLE_METHODS, unbounded=STREAMING_METHODS
+)
+
+
+class _ResponseStream(Protocol):
+    def __next__(self) -> pb.WatchEventsResponse: ...
+
+    def cancel(self) -> bool: ...
+
+
+class EventStream(Iterator[pb.Event]):
+    """Log events of a `watch`, as they commit; blocks while there are none.
+
+    `cancel()` (from any thread) ends the iteration quietly; used as a context
+    manager, the stream is cancelled on exit. Any other failure raises
+    `SwitchboardError`.
+    """
+
+    def __init__(self, call: _ResponseStream) -> None:
+        self._call = call
+        self._cancelled = False
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> pb.Event:
+        try:
+            return next(self._call).event
+        except grpc.RpcError as error:
+            cancelled = isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.CANCELLED
+            if cancelled and self._cancelled:
+                raise StopIteration from None
+            raise from_rpc_error(error) from error
+
+    def cancel(self) -> None:
+        """Ends the stream; a blocked `next()` returns (StopIteration) at once."""
+        self._cancelled = True
+        self._call.cancel()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.cancel()
+
+
+class SessionClient(BaseClient):
+    """The SessionService for one gateway process (thread-safe, like its channel).
+
+    Every method raises `SwitchboardError` on failure. Methods take and return the
+    generated messages of `switchboard.session.v1.session_service_pb2`.
+    """
+
+    def __init__(
+        self, target: str, *, timeout_s: float = 5.0, channel: grpc.Channel | None = None
+    ) -> None:
+        """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors).
+
+        A channel passed in stays the caller's: `close()` leaves it open.
+        """
+        super().__init__(target, config=SERVICE_CONFIG, timeout_s=timeout_s, channel=channel)
+        self._stub = pb_grpc.SessionServiceStub(self._channel)
+
+    # -- agents ---------------------------------------------------------------------------
+
+    def create_agent(self, name: str, **fields: Any) -> pb.Agent:
+        """Creates an agent; `fields` are other `Agent` fields (display_name, permissions,
+        peers, settings, memory, parent, ...)."""
+        request = pb.CreateAgentRequest(agent=pb.Agent(name=name, **fields))
+        return self._call(self._stub.CreateAgent, request).agent
+
+    def get_agent(self, name: str) -> pb.Agent:
+        """Reads an agent, memory included."""
+        return self._call(self._stub.GetAgent, pb.GetAgentRequest(name=name)).agent
+
+    def list_agents(
+        self, *, include_archived: bool = False, page_size: int = 0
+    ) -> Iterator[pb.Agent]:
+        """Every agent by name (memory omitted), fetching pages lazily as iteration goes."""
+        request = pb.ListAgentsRequest(include_archived=include_archived, page_size=page_size)
+        for page in self._pages(self._stub.ListAgents, request):
+            yield from page.agents
+
+    def update_agent(self, agent: pb.Agent, paths: Sequence[str]) -> pb.Agent:
+        """Changes the fields of `agent` named by `paths` (e.g. "display_name",
+        "settings.routing"); `agent.name` selects the agent."""
+        request = pb.UpdateAgentRequest(
+            agent=agent, update_mask=field_mask_pb2.FieldMask(paths=paths)
+        )
+        return self._call(self._stub.UpdateAgent, request).agent
+
+    def delete_agent(self, name: str) -> pb.Agent:
+        """Archives an agent (kept in the log, no longer routable); repeating is harmless."""
+        return self._call(self._stub.DeleteAgent, pb.DeleteAgentRequest(name=name)).agent
+
+    def put_memory(self, agent: str, key: str, value: str) -> pb.Agent:
+        """Sets one memory entry of an agent (shared by all its sessions)."""
+        request = pb.PutMemoryRequest(agent=agent, key=key, value=value)
+        return self._call(self._stub.PutMemory, request).agent
+
+    def delete_memory(self, agent: str, key: str) -> pb.Agent:
+        """Removes one memory entry of an agent."""
+        request = pb.DeleteMemoryRequest(agent=agent, key=key)
+        return self._call(self._stub.DeleteMemory, request).agent
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def resolve(
+        self,
+        agent: str,
+        *,
+        transport: str,
+        conversation_id: str = "",
+        chat_type: pb.ChatType.ValueType | None = None,
+        chat_id: str = "",
+        thread_id: str = "",
+        user_id: str = "",
+        scope_id: str = "",
+    ) -> pb.ResolveSessionResponse:
+        """The session a message from this source belongs to, created on first contact.
+
+        Non-chat transports ("web", "cron", "repl", "peer") need `conversation_id`;
+        chat platforms need `chat_type` and the chat's ids.
+        """
+        source = pb.Source(
+            transport=transport,
+            conversation_id=conversation_id,
+            chat_type=pb.CHAT_TYPE_UNSPECIFIED if chat_type is None else chat_type,
+            chat_id=chat_id,
+            thread_id=thread_id,
+            user_id=user_id,
+            scope_id=scope_id,
+        )
+        request = pb.ResolveSessionRequest(agent=agent, source=source)
+        return self._call(self._stub.ResolveSession, request)
+
+    def join(self, agent: str, session_id: str) -> pb.Session:
+        """An existing open session of the agent (NOT_FOUND otherwise); creates nothing."""
+        request = pb.ResolveSessionRequest(agent=agent, session_id=session_id)
+        return self._call(self._stub.ResolveSession, request).session
+
+    def spawn(
+        self, agent: str, session_id: str = "", *, temp_state: Mapping[str, str] | None = None
+    ) -> pb.Session:
+        """Creates a session without a routing key; `session_id` "" generates one."""
+        request = pb.SpawnSessionRequest(
+            agent=agent, session_id=session_id, temp_state=temp_state or {}
+        )
+        return self._call(self._stub.SpawnSession, request).session
+
+    def get_session(self, agent: str, session_id: str) -> pb.Session:
+        """Reads a session's summary."""
+        request = pb.GetSessionRequest(agent=agent, session_id=session_id)
+        return self._call(self._stub.GetSession, request).session
+
+    def list_sessions(
+        self,
+        agent: str,
+        *,
+        status: pb.SessionStatus.ValueType = pb.SESSION_STATUS_UNSPECIFIED,
+        transport: str = "",
+        page_size: int = 0,
+    ) -> Iterator[pb.Session]:
+        """The agent's sessions, newest first, fetching pages lazily as iteration goes."""
+        request = pb.ListSessionsRequest(
+            agent=agent, status=status, transport=transport, page_size=page_size
+        )
+        for page in self._pages(self._stub.ListSessions, request):
+            yield from page.sessions
+
+    def end(self, agent: str, session_id: str, reason: str = "") -> pb.Session:
+        """Ends a session; its routing key no longer resolves to it. Repeating is harmless."""
+        request = pb.EndSessionRequest(agent=agent, session_id=session_id, reason=reason)
+        return self._call(self._stub.EndSession, request).session
+
+    def reset(self, agent: str, session_id: str, reason: str = "") -> pb.ResetSessionResponse:
+        """The explicit reset ("/new"): ends the session, its routing key gets a fresh one."""
+        request = pb.ResetSessionRequest(agent=agent, session_id=session_id, reason=reason)
+        return self._call(self._stub.ResetSession, request)
+
+    def mark_resumable(self, agent: str, session_id: str, pending: bool = True) -> pb.Session:
+        """Marks the session's turn as interrupted (or clears the mark with False)."""
+        request = pb.MarkResumableRequest(agent=agent, session_id=session_id, pending=pending)
+        return self._call(self._stub.MarkResumable, request).session
+
+    def suspend(self, agent: str, session_id: str, suspended: bool = True) -> pb.Session:
+        """Suspends the session (never auto-resumed), or lifts the suspension with False."""
+        request = pb.SuspendSessionRequest(agent=agent, session_id=session_id, suspended=suspended)
+        return self._call(self._stub.SuspendSession, request).session
+
+    def list_resumable(self, agent: str) -> pb.ListResumableResponse:
+        """Interrupted sessions fresh enough to resume; stale ones are reset (`expired`)."""
+        request = pb.ListResumableRequest(agent=agent)
+        return self._call(self._stub.ListResumable, request)
+
+    # -- the conversation -----------------------------------------------------------------
+
+    def append(
+        self,
+        agent: str,
+        session_id: str,
+        *events: pb.SessionEventInput,
+        expected_version: int | None = None,
+    ) -> pb.AppendEventsResponse:
+        """Appends events atomically (all or none).
+
+        With `expected_version`, ABORTED (reason VERSION_MISMATCH, the current version
+        in `metadata["version"]`) when the session moved on meanwhile.
+        """
+        request = pb.AppendEventsRequest(agent=agent, session_id=session_id, events=events)
+        if expected_version is not None:
+            request.expected_version = expected_version
+        return self._call(self._stub.AppendEvents, request)
+
+    def append_message(
+        self,
+        agent: str,
+        session_id: str,
+        role: pb.Role.ValueType,
+        content: str,
+        *,
+        expected_version: int | None = None,
+        **message_fields: Any,
+    ) -> pb.AppendEventsResponse:
+        """Appends one history message; `message_fields` are other `Message` fields."""
+        event = pb.SessionEventInput(
+            message_appended=pb.MessageAppended(
+                message=pb.Message(role=role, content=content, **message_fields)
+            )
+        )
+        return self.append(agent, session_id, event, expected_version=expected_version)
+
+    def post_to_inbox(self, agent: str, session_id: str, message: pb.Message) -> pb.Event:
+        """Puts a message into the session's inbox; never conflicts with a running turn."""
+        request = pb.PostToInboxRequest(agent=agent, session_id=session_id, message=message)
+        return self._call(self._stub.PostToInbox, request).event
+
+    def history(
+        self,
+        agent: str,
+        session_id: str,
+        *,
+        after: int = 0,
+        limit: int = 0,
+        newest: bool = False,
+        include_abandoned: bool = False,
+    ) -> list[pb.QueuedMessage]:
+        """A window of the history, oldest first: the oldest `limit` messages after
+        sequence `after`, or with `newest` the newest `limit` (0: server default)."""
+        request = pb.GetHistoryRequest(
+            agent=agent,
+            session_id=session_id,
+            after_sequence=after,
+            limit=limit,
+            newest=newest,
+            include_abandoned=include_abandoned,
+        )
+        return list(self._call(self._stub.GetHistory, request).messages)
+
+    def state(self, agent: str, session_id: str) -> pb.GetSessionStateResponse:
+        """The session's state (summary, inbox, outbox, task, temp state) and its agent."""
+        request = pb.GetSessionStateRequest(agent=agent, session_id=session_id)
+        return self._call(self._stub.GetSessionState, request)
+
+    def snapshot(self, agent: str, session_id: str) -> int:
+        """Writes snapshots of the session and its agent now; returns the sequence."""
+        request = pb.SnapshotSessionRequest(agent=agent, session_id=session_id)
+        return self._call(self._stub.SnapshotSession, request).sequence
+
+    def watch(
+        self,
+        after: int = 0,
+        agent: str = "",
+        session_id: str = "",
+        *,
+        timeout_s: float | None = None,
+    ) -> EventStream:
+        """Log events after sequence `after`, then live ones, filtered by agent or session.
+
+        No deadline unless `timeout_s` is given: the stream lasts until cancelled
+        (`EventStream.cancel()` or leaving its `with` block) or the server stops.
+        """
+        request = pb.WatchEventsRequest(after_sequence=after, agent=agent, session_id=session_id)
+        return EventStream(self._stub.WatchEvents(request, timeout=timeout_s))
+
+    # -- time travel ----------------------------------------------------------------------
+
+    def create_checkpoint(self, label: str) -> pb.Checkpoint:
+        """Names the current head of the log (ALREADY_EXISTS for a taken label)."""
+        request = pb.CreateCheckpointRequest(label=label)
+        return self._call(self._stub.CreateCheckpoint, request).checkpoint
+
+    def list_checkpoints(self) -> list[pb.Checkpoint]:
+        """All checkpoints, oldest first."""
+        request = pb.ListCheckpointsRequest()
+        return list(self._call(self._stub.ListCheckpoints, request).checkpoints)
+
+    def rewind(self, to: int | str) -> pb.Event:
+        """Moves every agent and session back to a sequence (int) or checkpoint (label).
+
+        Returns the rewind record; everything after the target is abandoned.
+        """
+        if isinstance(to, bool):
+            raise TypeError("rewind takes a sequence (int) or a checkpoint label (str)")
+        if isinstance(to, str):
+            request = pb.RewindRequest(checkpoint=to)
+        else:
+            request = pb.RewindRequest(sequence=to)
+        return self._call(self._stub.Rewind, request).record
+
+    def checkout(self, sequence: int) -> pb.Event:
+        """Like `rewind`, to any retained sequence, abandoned branches included."""
+        request = pb.CheckoutRequest(sequence=sequence)
+        return self._call(self._stub.Checkout, request).record
+
+    def truncate_log(self, below_sequence: int) -> pb.TruncateLogResponse:
+        """Deletes log events below a sequence that snapshots made unnecessary."""
+        request = pb.TruncateLogRequest(below_sequence=below_sequence)
+        return self._call(self._stub.TruncateLog, request)
+
+    # -- multi-agent ----------------------------------------------------------------------
+
+    def fork(
+        self,
+        agent: str,
+        session_id: str,
+        *,
+        at_sequence: int = 0,
+        narrowing: Sequence[pb.PermissionRule] = (),
+    ) -> pb.Session:
+        """Branches a session (history and state at `at_sequence`, 0: now) under the same
+        agent; `narrowing` rules restrict the fork further."""
+        request = pb.ForkSessionRequest(
+            agent=agent,
+            session_id=session_id,
+            at_sequence=at_sequence,
+            narrowing=pb.Narrowing(rules=narrowing),
+        )
+        return self._call(self._stub.ForkSession, request).session
+
+    def delegate(
+        self, agent: str, session_id: str, to_agent: str, task: pb.Message, *, context: str = ""
+    ) -> pb.DelegateResponse:
+        """Hands `task` to a peer agent's session for "peer:<agent>:<context>" (gated by
+        "peer.delegate"); the same context resumes the same session."""
+        request = pb.DelegateRequest(
+            agent=agent, session_id=session_id, to_agent=to_agent, task=task, context=context
+        )
+        return self._call(self._stub.Delegate, request)
+
+    def send_to_peer(
+        self,
+        agent: str,
+        session_id: str,
+        to_agent: str,
+        message: pb.Message,
+        *,
+        to_session_id: str = "",
+        source: pb.Source | None = None,
+    ) -> pb.Event:
+        """Puts `message` into a peer agent's session inbox (gated by "peer.send"):
+        the session `to_session_id`, or the one `source` routes to."""
+        request = pb.SendToPeerRequest(
+            agent=agent, session_id=session_id, to_agent=to_agent, message=message
+        )
+        if source is not None:
+            request.source.CopyFrom(source)
+        else:
+            request.to_session_id = to_session_id
+        return self._call(self._stub.SendToPeer, request).event
+
+    def check_permission(
+        self, agent: str, session_id: str, action: str, resource: str = ""
+    ) -> pb.CheckPermissionResponse:
+        """Decides whether the session may do `action` on `resource`, recording the
+        decision in its log."""
+        request = pb.CheckPermissionRequest(
+            agent=agent, session_id=session_id, action=action, resource=resource
+        )
+        return self._call(self._stub.CheckPermission, request)
+
+
+__all__ = [
+    "RETRYABLE_METHODS",
+    "SERVICE_CONFIG",
+    "EventStream",
+    "SessionClient",
+    "SwitchboardError",
+]
