@@ -354,7 +354,7 @@ def test_record_best_effort_returns_none_instead_of_raising(
             content="x",
             platform="slack",
             chat_id="C1",
-            metadata=not_a_string,  # type: ignore[arg-type]
+            metadata=not_a_string,
         )
         is None
     ), "errors outside gRPC (here: building the request) are swallowed too"

@@ -126,9 +126,12 @@ class DeliveryClient(BaseClient):
         message_ref: str = "",
         thread_id: str = "",
         metadata: Mapping[str, str] | None = None,
+        begin_attempt: bool = False,
+        timeout_s: float | None = None,
     ) -> pb.RecordObligationResponse:
         """Records a reply as owed before sending it; recording it again is harmless.
 
+        `begin_attempt` records it straight into ATTEMPTING (saves MarkAttempting).
         Decide what to do from the returned row (state, owner_instance_id), not from
         `created`: a retried call whose first attempt did store the row reports
         created=False while this instance still holds it.
@@ -142,8 +145,9 @@ class DeliveryClient(BaseClient):
             chat_id=chat_id,
             thread_id=thread_id,
             metadata=metadata or {},
+            begin_attempt=begin_attempt,
         )
-        return self._call(self._stub.RecordObligation, request)
+        return self._call(self._stub.RecordObligation, request, timeout_s)
 
     def record_best_effort(
         self,
@@ -152,28 +156,23 @@ class DeliveryClient(BaseClient):
         session_key: str,
         content: str,
         platform: str,
-        chat_id: str,
-        message_ref: str = "",
-        thread_id: str = "",
-        metadata: Mapping[str, str] | None = None,
+        **fields: Any,
     ) -> pb.RecordObligationResponse | None:
         """`record` for the send path: the ledger must never block or break a send.
 
-        Uses the short `best_effort_timeout_s` deadline; on any failure it logs a
-        warning and returns None, and the caller sends the reply unrecorded.
+        Takes `record`'s arguments. Uses the short `best_effort_timeout_s` deadline;
+        on any failure it logs a warning and returns None, and the caller sends the
+        reply unrecorded.
         """
         try:
-            request = pb.RecordObligationRequest(
-                instance_id=instance_id,
+            return self.record(
+                instance_id,
                 session_key=session_key,
-                message_ref=message_ref,
                 content=content,
                 platform=platform,
-                chat_id=chat_id,
-                thread_id=thread_id,
-                metadata=metadata or {},
+                timeout_s=self.best_effort_timeout_s,
+                **fields,
             )
-            return self._call(self._stub.RecordObligation, request, self.best_effort_timeout_s)
         except Exception as exc:
             # Content is left out of the log on purpose: it is the user's message.
             log.warning(

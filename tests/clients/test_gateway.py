@@ -1,0 +1,156 @@
+"""The reference gateway end to end: real services, the loopback platform."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from switchboard_client import DeliveryClient, SessionClient
+from switchboard_client.gateway import RECOVERED_MARKER, Gateway, Inbound, Turn
+from switchboard_client.loopback import LoopbackPlatform
+
+from delivery_service.state_machine import LedgerLimits
+from switchboard.delivery.v1 import delivery_service_pb2 as dpb
+from switchboard.session.v1 import session_service_pb2 as pb
+from tests.harness import EventLoopThread, delivery_server, session_server
+
+ROOT = Path(__file__).resolve().parents[2]
+DM = pb.Source(transport="loopback", chat_type=pb.CHAT_TYPE_DM, chat_id="chat-1", user_id="u1")
+
+
+@dataclass
+class Services:
+    sessions: SessionClient
+    ledger: DeliveryClient
+    session_address: str
+    delivery_address: str
+
+
+@pytest.fixture
+def services(database_url: str, loop_thread: EventLoopThread) -> Iterator[Services]:
+    limits = LedgerLimits(lease_ttl_s=1.0)  # a killed gateway is dead within a second
+    with (
+        session_server(loop_thread, database_url) as session,
+        delivery_server(loop_thread, database_url, limits) as delivery,
+        SessionClient(session.address) as sessions,
+        DeliveryClient(delivery.address) as ledger,
+    ):
+        sessions.create_agent("main")
+        yield Services(sessions, ledger, session.address, delivery.address)
+
+
+def echo(turn: Turn) -> str:
+    return f"answer to {turn.state.state.inbox[-1].message.content}"
+
+
+def _gateway(services: Services, platform: LoopbackPlatform) -> Gateway:
+    return Gateway(
+        "test-gateway",
+        "main",
+        services.sessions,
+        services.ledger,
+        [platform],
+        echo,
+        heartbeat_s=0.2,
+        claim_every_s=3600,
+    )
+
+
+def _history(services: Services) -> list[tuple[int, str]]:
+    session = services.sessions.resolve(
+        "main", transport="loopback", chat_type=pb.CHAT_TYPE_DM, chat_id="chat-1", user_id="u1"
+    ).session
+    messages = services.sessions.history("main", session.session_id, limit=100)
+    return [(q.message.role, q.message.content) for q in messages]
+
+
+def test_a_full_conversation(services: Services) -> None:
+    platform = LoopbackPlatform()
+    gateway = _gateway(services, platform)
+    gateway.start()
+    try:
+        assert gateway.handle(Inbound(DM, "hello", message_ref="m-1")) == "answer to hello"
+        gateway.handle(Inbound(DM, "again", message_ref="m-2"))
+    finally:
+        gateway.stop()
+    assert [s.text for s in platform.sent] == ["answer to hello", "answer to again"]
+    assert _history(services) == [
+        (pb.ROLE_USER, "hello"),
+        (pb.ROLE_ASSISTANT, "answer to hello"),
+        (pb.ROLE_USER, "again"),
+        (pb.ROLE_ASSISTANT, "answer to again"),
+    ]
+    rows = list(services.ledger.list())
+    assert [row.state for row in rows] == [dpb.OBLIGATION_STATE_DELIVERED] * 2
+    assert list(services.sessions.list_resumable("main").sessions) == []
+
+
+def test_a_gateway_killed_mid_send_is_recovered_with_the_marker(services: Services) -> None:
+    crashed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.clients.gateway_process",
+            services.session_address,
+            services.delivery_address,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert crashed.returncode == -9, crashed.stderr
+    [owed] = list(services.ledger.list())
+    assert owed.state == dpb.OBLIGATION_STATE_ATTEMPTING
+
+    platform = LoopbackPlatform()
+    rescuer = _gateway(services, platform)
+    rescuer.start()  # the crashed instance's lease (1 s) runs out while this one boots
+    try:
+        for _ in range(50):
+            if platform.sent:
+                break
+            rescuer.recover()
+            time.sleep(0.1)
+    finally:
+        rescuer.stop()
+    assert [s.text for s in platform.sent] == [RECOVERED_MARKER + "answer to what is 6 x 7?"]
+    assert services.ledger.get(owed.id).state == dpb.OBLIGATION_STATE_DELIVERED
+    assert _history(services) == [
+        (pb.ROLE_USER, "what is 6 x 7?"),
+        (pb.ROLE_ASSISTANT, "answer to what is 6 x 7?"),
+    ], "the turn was completed, not re-run"
+    assert list(services.sessions.list_resumable("main").sessions) == []
+
+
+def test_a_platform_down_during_recovery_keeps_its_budget(services: Services) -> None:
+    first = _gateway(services, LoopbackPlatform(mode="fail"))
+    first.start()
+    first.handle(Inbound(DM, "hello", message_ref="m-1"))  # the send fails (retryable)
+    first.stop()
+    [row] = list(services.ledger.list())
+    assert row.state == dpb.OBLIGATION_STATE_FAILED
+
+    class Offline(LoopbackPlatform):
+        def connect(self) -> None:
+            raise ConnectionError("the platform is down")
+
+    platform = Offline()
+    second = _gateway(services, platform)
+    second.start()
+    try:
+        services.ledger.retry(row.id)  # due now, so only the platform gate holds it back
+        for _ in range(3):
+            assert second.recover() == 0
+        assert services.ledger.get(row.id).attempts == 0, "no attempt spent while down"
+        second.reconnected(platform.name)
+    finally:
+        second.stop()
+    assert [s.text for s in platform.sent] == [RECOVERED_MARKER + "answer to hello"]
+    assert services.ledger.get(row.id).state == dpb.OBLIGATION_STATE_DELIVERED
