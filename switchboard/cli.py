@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 from prometheus_client import CollectorRegistry
@@ -351,3 +352,48 @@ def _redacted(url: str) -> str:
         credentials, host = rest.split("@", 1)
         return f"{scheme}//{credentials.split(':', 1)[0]}:***@{host}"
     return url
+
+
+def _echo_agent(turn: Any) -> str:
+    """A stand-in agent for trying the plumbing: it says what it got."""
+    text = turn.state.state.inbox[-1].message.content if turn.state.state.inbox else ""
+    return f"(echo) {text} [{len(turn.history)} earlier messages in this conversation]"
+
+
+@main.command()
+@click.option("--agent", required=True, help="The agent to talk to (created if missing).")
+@click.option("--session-address", default=DEFAULT_SESSION_LISTEN, show_default=True)
+@click.option("--delivery-address", default=DEFAULT_DELIVERY_LISTEN, show_default=True)
+@click.option("--conversation", default="default", show_default=True, help="REPL conversation id.")
+@click.option(
+    "--callback",
+    default="",
+    help="module:function taking a switchboard_client.gateway.Turn and returning the reply "
+    "[default: an echo agent]",
+)
+def chat(
+    agent: str, session_address: str, delivery_address: str, conversation: str, callback: str
+) -> None:
+    """Talk to an agent from the terminal ("/new" resets, "/quit" or EOF ends)."""
+    import importlib
+    import sys
+
+    from switchboard_client import DeliveryClient, SessionClient, SwitchboardError
+    from switchboard_client.gateway import Gateway
+    from switchboard_client.transports import ReplPlatform, run_repl
+
+    reply = _echo_agent
+    if callback:
+        module, _, function = callback.partition(":")
+        reply = getattr(importlib.import_module(module), function)
+    with SessionClient(session_address) as sessions, DeliveryClient(delivery_address) as ledger:
+        try:
+            sessions.get_agent(agent)
+        except SwitchboardError:
+            sessions.create_agent(agent)
+        gateway = Gateway("repl", agent, sessions, ledger, [ReplPlatform(sys.stdout)], reply)
+        gateway.start()
+        try:
+            run_repl(gateway, sys.stdin, conversation)
+        finally:
+            gateway.stop()

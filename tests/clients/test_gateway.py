@@ -13,6 +13,7 @@ import pytest
 from switchboard_client import DeliveryClient, SessionClient
 from switchboard_client.gateway import RECOVERED_MARKER, Gateway, Inbound, Turn
 from switchboard_client.loopback import LoopbackPlatform
+from switchboard_client.transports import CronJob, CronTransport
 
 from delivery_service.state_machine import LedgerLimits
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
@@ -154,3 +155,48 @@ def test_a_platform_down_during_recovery_keeps_its_budget(services: Services) ->
         second.stop()
     assert [s.text for s in platform.sent] == [RECOVERED_MARKER + "answer to hello"]
     assert services.ledger.get(row.id).state == dpb.OBLIGATION_STATE_DELIVERED
+
+
+def test_the_repl_transport(services: Services) -> None:
+    chat = subprocess.run(
+        [
+            sys.executable, "-m", "switchboard", "chat", "--agent", "main",
+            "--session-address", services.session_address,
+            "--delivery-address", services.delivery_address,
+        ],
+        input="hello\nagain\n/new\nfresh start\n/quit\n",
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert chat.returncode == 0, chat.stderr
+    replies = [line for line in chat.stdout.splitlines() if line.startswith("agent> ")]
+    assert replies == [
+        "agent> (echo) hello [0 earlier messages in this conversation]",
+        "agent> (echo) again [2 earlier messages in this conversation]",
+        "agent> (echo) fresh start [0 earlier messages in this conversation]",
+    ]
+    sessions = list(services.sessions.list_sessions("main", transport="repl"))
+    assert [s.status for s in sessions] == [pb.SESSION_STATUS_OPEN, pb.SESSION_STATUS_ENDED]
+
+
+def test_the_cron_transport_routes_each_job_to_its_own_session(services: Services) -> None:
+    platform = LoopbackPlatform()
+    gateway = _gateway(services, platform)
+    gateway.start()
+    jobs = [
+        CronJob("digest", 0.1, "daily digest", "loopback", "ops-channel"),
+        CronJob("backup", 3600, "backup report", "loopback", "ops-channel"),
+    ]
+    cron = CronTransport(gateway, jobs)
+    try:
+        cron.start()
+        deadline = time.monotonic() + 30
+        while len(platform.sent) < 2:
+            assert time.monotonic() < deadline, "the digest job did not fire twice"
+            time.sleep(0.05)
+        cron.stop()
+        cron.fire(jobs[1], 1)
+    finally:
+        gateway.stop()
+    assert {s.chat_id for s in platform.sent} == {"ops-channel"}
+    keys = {s.routing_key for s in services.sessions.list_sessions("main", transport="cron")}
+    assert keys == {"agent:main:cron:digest", "agent:main:cron:backup"}
