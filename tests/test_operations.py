@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from switchboard.auth import parse_tokens
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
 from switchboard.observability import RpcMetrics, StateCollector
+from switchboard.server import GrpcApp, ServerSettings
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import EventLoopThread, Gateway, delivery_server, session_server
@@ -173,3 +175,41 @@ def test_overload_is_resource_exhausted(tmp_path: Path, loop_thread: EventLoopTh
             assert time.monotonic() < deadline, "the stream never took the slot"
             time.sleep(0.05)
         watching.cancel()
+
+
+class _SlowUnit:
+    """A tiny service with one slow call, to watch the server drain it."""
+
+    service_name = "test.Slow"
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        async def wait(request: bytes, context: object) -> bytes:
+            await asyncio.sleep(1.0)
+            return b"done"
+
+        handler: grpc.RpcMethodHandler[bytes, bytes] = grpc.unary_unary_rpc_method_handler(wait)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("test.Slow", {"Wait": handler}),)
+        )
+
+    def close(self) -> None:
+        pass
+
+    def gauges(self) -> list[object]:
+        return []
+
+
+def test_sigterm_drain_finishes_in_flight_calls(loop_thread: EventLoopThread) -> None:
+    app = GrpcApp(_SlowUnit(), ServerSettings(listen="127.0.0.1:0", drain_grace_s=5.0))  # type: ignore[arg-type]
+    loop_thread.run(app.start())
+    channel = grpc.insecure_channel(app.address)
+    wait: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/test.Slow/Wait")
+    in_flight = wait.future(b"", timeout=10)
+    time.sleep(0.3)  # the call is running on the server
+    stopping = asyncio.run_coroutine_threadsafe(app.stop(), loop_thread.loop)
+    assert in_flight.result(timeout=10) == b"done", "the in-flight call completed"
+    stopping.result(timeout=10)
+    with pytest.raises(grpc.RpcError) as refused:
+        wait(b"", timeout=2)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    channel.close()
