@@ -10,6 +10,7 @@ from typing import Any
 import click
 from prometheus_client import CollectorRegistry
 
+from switchboard import operators
 from switchboard.auth import parse_tokens
 from switchboard.database import DatabaseSettings
 from switchboard.observability import (
@@ -352,6 +353,9 @@ def _redacted(url: str) -> str:
         credentials, host = rest.split("@", 1)
         return f"{scheme}//{credentials.split(':', 1)[0]}:***@{host}"
     return url
+
+
+operators.register(session, main)
 
 
 def _echo_agent(turn: Any) -> str:

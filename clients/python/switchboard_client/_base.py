@@ -92,6 +92,7 @@ class BaseClient:
         config: dict[str, Any],
         timeout_s: float,
         channel: grpc.Channel | None,
+        token: str | None = None,
     ) -> None:
         """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors).
 
@@ -99,6 +100,11 @@ class BaseClient:
         `config` is not applied to it.
         """
         self.timeout_s = timeout_s
+        # A bearer token travels as call metadata, so it works on plaintext
+        # channels too (call credentials would demand TLS).
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ()
+        )
         self._owns_channel = channel is None
         self._channel = (
             channel
@@ -136,7 +142,11 @@ class BaseClient:
     ) -> _Response:
         """Every call gets a deadline: a hung server must never hang a gateway."""
         try:
-            return method(request, timeout=self.timeout_s if timeout_s is None else timeout_s)
+            return method(
+                request,
+                timeout=self.timeout_s if timeout_s is None else timeout_s,
+                metadata=self._metadata,
+            )
         except grpc.RpcError as error:
             raise from_rpc_error(error) from error
 

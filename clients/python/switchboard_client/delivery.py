@@ -67,12 +67,16 @@ class DeliveryClient(BaseClient):
         timeout_s: float = 5.0,
         best_effort_timeout_s: float = 2.0,
         channel: grpc.Channel | None = None,
+        token: str | None = None,
     ) -> None:
-        """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors).
+        """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors),
+        `token` for a server with authentication on.
 
         A channel passed in stays the caller's: `close()` leaves it open.
         """
-        super().__init__(target, config=SERVICE_CONFIG, timeout_s=timeout_s, channel=channel)
+        super().__init__(
+            target, config=SERVICE_CONFIG, timeout_s=timeout_s, channel=channel, token=token
+        )
         self.best_effort_timeout_s = best_effort_timeout_s
         self._stub = pb_grpc.DeliveryServiceStub(self._channel)
 

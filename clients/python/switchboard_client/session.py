@@ -118,13 +118,21 @@ class SessionClient(BaseClient):
     """
 
     def __init__(
-        self, target: str, *, timeout_s: float = 5.0, channel: grpc.Channel | None = None
+        self,
+        target: str,
+        *,
+        timeout_s: float = 5.0,
+        channel: grpc.Channel | None = None,
+        token: str | None = None,
     ) -> None:
-        """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors).
+        """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors),
+        `token` for a server with authentication on.
 
         A channel passed in stays the caller's: `close()` leaves it open.
         """
-        super().__init__(target, config=SERVICE_CONFIG, timeout_s=timeout_s, channel=channel)
+        super().__init__(
+            target, config=SERVICE_CONFIG, timeout_s=timeout_s, channel=channel, token=token
+        )
         self._stub = pb_grpc.SessionServiceStub(self._channel)
 
     # -- agents ---------------------------------------------------------------------------
@@ -347,7 +355,9 @@ class SessionClient(BaseClient):
         (`EventStream.cancel()` or leaving its `with` block) or the server stops.
         """
         request = pb.WatchEventsRequest(after_sequence=after, agent=agent, session_id=session_id)
-        return EventStream(self._stub.WatchEvents(request, timeout=timeout_s))
+        return EventStream(
+            self._stub.WatchEvents(request, timeout=timeout_s, metadata=self._metadata)
+        )
 
     # -- time travel ----------------------------------------------------------------------
 

@@ -1,0 +1,217 @@
+"""Operators' commands: look into agents, sessions and the ledger; move the log.
+
+They talk to running services over gRPC (tables for lists), like any client.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+T = TypeVar("T")
+
+_session_address = click.option(
+    "--address",
+    default="127.0.0.1:50051",
+    envvar="SWITCHBOARD_SESSION_ADDRESS",
+    show_default=True,
+    help="SessionService host:port.",
+)
+_delivery_address = click.option(
+    "--address",
+    default="127.0.0.1:50052",
+    envvar="SWITCHBOARD_DELIVERY_ADDRESS",
+    show_default=True,
+    help="DeliveryService host:port.",
+)
+_token = click.option(
+    "--token", default=None, envvar="SWITCHBOARD_TOKEN", help="Bearer token (admin for most)."
+)
+
+
+@contextmanager
+def _reported() -> Iterator[None]:
+    from switchboard_client import SwitchboardError
+
+    try:
+        yield
+    except SwitchboardError as error:
+        raise click.ClickException(f"{error.code.name}: {error.message}") from error
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(value) for value in row))
+    # Piped output gets wide lines rather than wrapped ids.
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
+def _with_sessions(address: str, token: str | None, use: Callable[[Any], T]) -> T:
+    from switchboard_client import SessionClient
+
+    with _reported(), SessionClient(address, token=token) as client:
+        return use(client)
+
+
+def _with_ledger(address: str, token: str | None, use: Callable[[Any], T]) -> T:
+    from switchboard_client import DeliveryClient
+
+    with _reported(), DeliveryClient(address, token=token) as client:
+        return use(client)
+
+
+def register(session: click.Group, main: click.Group) -> None:
+    """Adds the operators' commands to the `session` group and a `delivery` group."""
+
+    @session.command("agents")
+    @_session_address
+    @_token
+    def agents(address: str, token: str | None) -> None:
+        """List agents."""
+        rows = _with_sessions(address, token, lambda c: list(c.list_agents()))
+        _table(
+            "agents",
+            ["name", "version", "peers", "rules", "archived"],
+            [[a.name, a.version, ",".join(a.peers), len(a.permissions), a.archived] for a in rows],
+        )
+
+    @session.command("sessions")
+    @click.argument("agent")
+    @_session_address
+    @_token
+    def sessions(agent: str, address: str, token: str | None) -> None:
+        """List an agent's sessions, newest first."""
+        rows = _with_sessions(address, token, lambda c: list(c.list_sessions(agent)))
+        _table(
+            f"sessions of {agent}",
+            ["session", "routing key", "status", "version", "messages", "ended because"],
+            [
+                [s.session_id, s.routing_key, "open" if s.status == 1 else "ended", s.version,
+                 s.message_count, s.end_reason]
+                for s in rows
+            ],
+        )  # fmt: skip
+
+    @session.command("checkpoint")
+    @click.argument("label")
+    @_session_address
+    @_token
+    def checkpoint(label: str, address: str, token: str | None) -> None:
+        """Name the current head of the log."""
+        made = _with_sessions(address, token, lambda c: c.create_checkpoint(label))
+        click.echo(f"checkpoint {made.label} at sequence {made.sequence}")
+
+    @session.command("checkpoints")
+    @_session_address
+    @_token
+    def checkpoints(address: str, token: str | None) -> None:
+        """List checkpoints."""
+        rows = _with_sessions(address, token, lambda c: c.list_checkpoints())
+        _table("checkpoints", ["label", "sequence"], [[c.label, c.sequence] for c in rows])
+
+    @session.command("rewind")
+    @click.argument("target")
+    @_session_address
+    @_token
+    def rewind(target: str, address: str, token: str | None) -> None:
+        """Move every agent and session back to a sequence or a checkpoint label."""
+        to: int | str = int(target) if target.isdigit() else target
+        record = _with_sessions(address, token, lambda c: c.rewind(to))
+        click.echo(f"rewound to {record.rewound.to_sequence} (record {record.sequence})")
+
+    @session.command("checkout")
+    @click.argument("sequence", type=int)
+    @_session_address
+    @_token
+    def checkout(sequence: int, address: str, token: str | None) -> None:
+        """Move to any sequence, abandoned branches included (undoes a rewind)."""
+        record = _with_sessions(address, token, lambda c: c.checkout(sequence))
+        click.echo(f"checked out {record.rewound.to_sequence} (record {record.sequence})")
+
+    @main.group()
+    def delivery() -> None:
+        """Look into and repair the delivery ledger."""
+
+    @delivery.command("obligations")
+    @click.option("--platform", default="")
+    @click.option("--session-key", default="")
+    @_delivery_address
+    @_token
+    def obligations(platform: str, session_key: str, address: str, token: str | None) -> None:
+        """List obligations, oldest first."""
+        from switchboard.delivery.v1 import delivery_service_pb2 as dpb
+
+        rows = _with_ledger(
+            address,
+            token,
+            lambda c: list(c.list(platform=platform, session_key=session_key)),
+        )
+        _table(
+            "obligations",
+            ["id", "state", "platform", "chat", "attempts", "owner", "last error"],
+            [
+                [o.id, dpb.ObligationState.Name(o.state).removeprefix("OBLIGATION_STATE_"),
+                 o.platform, o.chat_id, o.attempts, o.owner_instance_id[:8], o.last_error]
+                for o in rows
+            ],
+        )  # fmt: skip
+
+    @delivery.command("stats")
+    @_delivery_address
+    @_token
+    def stats(address: str, token: str | None) -> None:
+        """Rows per state, oldest pending age, rows in doubt, gated platforms."""
+        from switchboard.delivery.v1 import delivery_service_pb2 as dpb
+
+        result = _with_ledger(address, token, lambda c: c.stats())
+        _table(
+            "ledger",
+            ["state", "rows"],
+            [
+                [dpb.ObligationState.Name(c.state).removeprefix("OBLIGATION_STATE_"), c.count]
+                for c in result.state_counts
+            ],
+        )
+        click.echo(
+            f"oldest pending: {result.oldest_pending_age.seconds} s; in doubt: "
+            f"{result.in_doubt_count}; live instances: {result.live_instance_count}"
+        )
+        for gate in result.gated:
+            click.echo(f"waiting for {gate.platform}: {gate.count}")
+
+    @delivery.command("prune")
+    @click.option("--older-than", type=float, default=None, help="Seconds [server's retention]")
+    @_delivery_address
+    @_token
+    def prune(older_than: float | None, address: str, token: str | None) -> None:
+        """Delete old delivered and abandoned rows (never owed ones)."""
+        pruned = _with_ledger(address, token, lambda c: c.prune(older_than))
+        click.echo(f"pruned {pruned} row(s)")
+
+    @delivery.command("retry")
+    @click.argument("obligation_id")
+    @_delivery_address
+    @_token
+    def retry(obligation_id: str, address: str, token: str | None) -> None:
+        """Make a failed or abandoned row due again."""
+        row = _with_ledger(address, token, lambda c: c.retry(obligation_id))
+        click.echo(f"{row.id} is due for redelivery")
+
+    @delivery.command("abandon")
+    @click.argument("obligation_id")
+    @click.option("--reason", default="")
+    @_delivery_address
+    @_token
+    def abandon(obligation_id: str, reason: str, address: str, token: str | None) -> None:
+        """Give up on an owed row."""
+        row = _with_ledger(address, token, lambda c: c.abandon(obligation_id, reason))
+        click.echo(f"{row.id} abandoned")
