@@ -1,0 +1,224 @@
+// End-to-end: the Node clients against the real services (spawned here).
+
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+
+import {
+  DEFAULT_DEADLINE_MS,
+  DeliveryClient,
+  SessionClient,
+  SwitchboardError,
+} from '../src/index.js';
+import { startServices } from './support/server.js';
+
+/** @type {import('./support/server.js').RunningServices | undefined} */
+let services;
+/** @type {SessionClient} */
+let sessions;
+/** @type {DeliveryClient} */
+let delivery;
+
+before(async () => {
+  services = await startServices();
+  sessions = new SessionClient(services.sessionAddress);
+  delivery = new DeliveryClient(services.deliveryAddress);
+});
+
+after(async () => {
+  sessions?.close();
+  delivery?.close();
+  await services?.stop();
+});
+
+/**
+ * Awaits a promise that must reject with a SwitchboardError, and returns it.
+ * @param {Promise<unknown>} promise
+ * @returns {Promise<SwitchboardError>}
+ */
+async function refusal(promise) {
+  try {
+    await promise;
+  } catch (error) {
+    assert.ok(error instanceof SwitchboardError, `not a SwitchboardError: ${error}`);
+    return error;
+  }
+  assert.fail('the call succeeded');
+}
+
+describe('clients', () => {
+  test('have a camelCase method for every RPC of the protos', () => {
+    for (const client of [sessions, delivery]) {
+      for (const rpc of client.rpcNames()) {
+        const method = rpc[0].toLowerCase() + rpc.slice(1);
+        const found = /** @type {Record<string, unknown>} */ (/** @type {unknown} */ (client))[method];
+        assert.equal(typeof found, 'function', `${client.serviceName}.${method}`);
+      }
+    }
+    assert.equal(sessions.deadlineMs, DEFAULT_DEADLINE_MS);
+  });
+});
+
+describe('SessionService', () => {
+  const agent = 'node-agent';
+
+  test('create an agent, resolve a web session, append a message, read history, watch', async () => {
+    const { agent: created } = await sessions.createAgent({
+      agent: { name: agent, displayName: 'Node agent', memory: { tone: 'dry' } },
+    });
+    assert.equal(created.name, agent);
+    assert.equal(created.displayName, 'Node agent');
+    assert.deepEqual(created.memory, { tone: 'dry' });
+    assert.equal(typeof created.version, 'string', 'uint64 comes back as a String');
+
+    const source = { transport: 'web', conversationId: 'tab-1' };
+    const first = await sessions.resolveSession({ agent, source });
+    assert.equal(first.created, true);
+    assert.equal(first.session.agent, agent);
+    assert.equal(first.session.routingKey, `agent:${agent}:web:tab-1`);
+    assert.equal(first.session.status, 'SESSION_STATUS_OPEN');
+    assert.equal(first.session.source.transport, 'web');
+    const sessionId = first.session.sessionId;
+
+    const again = await sessions.resolveSession({ agent, source });
+    assert.equal(again.created, false);
+    assert.equal(again.session.sessionId, sessionId);
+
+    const appended = await sessions.appendEvents({
+      agent,
+      sessionId,
+      expectedVersion: first.session.version,
+      events: [
+        { messageAppended: { message: { role: 'ROLE_USER', content: 'hello from node', sender: 'u1' } } },
+      ],
+    });
+    assert.equal(appended.events.length, 1);
+    assert.equal(appended.events[0].body, 'messageAppended', 'oneofs: the case is named');
+    assert.equal(BigInt(appended.version), BigInt(first.session.version) + 1n);
+
+    const { messages } = await sessions.getHistory({ agent, sessionId });
+    assert.equal(messages.length, 1);
+    assert.equal(messages[0].sequence, appended.events[0].sequence);
+    assert.equal(messages[0].message.role, 'ROLE_USER');
+    assert.equal(messages[0].message.content, 'hello from node');
+
+    // The live stream replays from the start and ends quietly when the loop breaks.
+    const seen = [];
+    const stream = sessions.watchEvents({ afterSequence: '0', sessionId }, { timeoutMs: 5000 });
+    for await (const { event } of stream) {
+      seen.push(event.body);
+      if (event.body === 'messageAppended') break;
+    }
+    assert.deepEqual(seen, ['sessionOpened', 'messageAppended']);
+  });
+
+  test('joining an unknown session id is NOT_FOUND (SESSION_NOT_FOUND)', async () => {
+    // An agent of its own: an unknown agent would be AGENT_NOT_FOUND instead.
+    await sessions.createAgent({ agent: { name: 'node-joiner' } });
+    const error = await refusal(
+      sessions.resolveSession({ agent: 'node-joiner', sessionId: 'no-such-session' }),
+    );
+    assert.equal(error.code, 'NOT_FOUND');
+    assert.equal(error.reason, 'SESSION_NOT_FOUND');
+    assert.equal(error.domain, 'switchboard');
+    assert.deepEqual(error.fieldViolations, []);
+    assert.match(error.message, /^NOT_FOUND SESSION_NOT_FOUND: /);
+  });
+});
+
+describe('DeliveryService', () => {
+  test('an obligation cut off by a crash is claimed by the next instance and delivered', async () => {
+    const { instance: first } = await delivery.registerInstance({
+      gatewayName: 'node-gateway',
+      host: 'test-host',
+      pid: String(process.pid),
+      platforms: ['slack'],
+    });
+    assert.ok(first.instanceId);
+    assert.equal(first.live, true);
+
+    const recorded = await delivery.recordObligation({
+      instanceId: first.instanceId,
+      sessionKey: 'agent:node-agent:slack:group:C1:171.001',
+      messageRef: '171.001',
+      content: 'the reply',
+      platform: 'slack',
+      chatId: 'C1',
+      metadata: { reply_to: '171.001' },
+    });
+    assert.equal(recorded.created, true);
+    const row = recorded.obligation;
+    assert.equal(row.state, 'OBLIGATION_STATE_PENDING');
+    assert.equal(row.ownerInstanceId, first.instanceId);
+    assert.match(row.id, /^[0-9a-f]{24}$/);
+
+    const attempting = await delivery.markAttempting({
+      obligationId: row.id,
+      instanceId: first.instanceId,
+      fence: row.fence,
+    });
+    assert.equal(attempting.obligation.state, 'OBLIGATION_STATE_ATTEMPTING');
+
+    // The "crash": the first instance goes away mid-send.
+    const gone = await delivery.deregisterInstance({ instanceId: first.instanceId });
+    assert.equal(gone.instance.live, false);
+
+    const { instance: second } = await delivery.registerInstance({
+      gatewayName: 'node-gateway',
+      platforms: ['slack'],
+    });
+    assert.notEqual(second.instanceId, first.instanceId);
+
+    const claim = await delivery.claimRecoverable({ instanceId: second.instanceId });
+    assert.equal(claim.obligations.length, 1);
+    const claimed = claim.obligations[0];
+    assert.equal(claimed.id, row.id);
+    assert.equal(claimed.state, 'OBLIGATION_STATE_ATTEMPTING');
+    assert.equal(claimed.ownerInstanceId, second.instanceId);
+    assert.equal(claimed.needsMarker, true, 'the first send may have gone out');
+    assert.notEqual(claimed.fence, row.fence);
+
+    const delivered = await delivery.markDelivered({
+      obligationId: claimed.id,
+      instanceId: second.instanceId,
+      fence: claimed.fence,
+      platformMessageId: 'slack-ts-1',
+    });
+    assert.equal(delivered.obligation.state, 'OBLIGATION_STATE_DELIVERED');
+    assert.equal(delivered.obligation.platformMessageId, 'slack-ts-1');
+
+    const { obligation: stored } = await delivery.getObligation({ obligationId: row.id });
+    assert.equal(stored.state, 'OBLIGATION_STATE_DELIVERED');
+  });
+
+  test('an empty session_key is INVALID_ARGUMENT naming the field', async () => {
+    const { instance } = await delivery.registerInstance({ gatewayName: 'node-gateway' });
+    const error = await refusal(
+      delivery.recordObligation({
+        instanceId: instance.instanceId,
+        sessionKey: '',
+        content: 'the reply',
+        platform: 'slack',
+        chatId: 'C1',
+      }),
+    );
+    assert.equal(error.code, 'INVALID_ARGUMENT');
+    assert.equal(error.grpcCode, 3);
+    assert.deepEqual(error.fieldViolations, ['session_key']);
+    assert.ok(error.reason, 'ErrorInfo reason present');
+  });
+});
+
+describe('deadlines', () => {
+  test('a call that cannot complete fails within its deadline as a SwitchboardError', async () => {
+    // Nothing listens on port 1: the call fails UNAVAILABLE, or DEADLINE_EXCEEDED at 300 ms.
+    const client = new DeliveryClient('127.0.0.1:1', { deadlineMs: 300 });
+    try {
+      const started = Date.now();
+      const error = await refusal(client.getLedgerStats({}, { metadata: { 'x-test': 'deadline' } }));
+      assert.ok(['UNAVAILABLE', 'DEADLINE_EXCEEDED'].includes(error.code), error.code);
+      assert.ok(Date.now() - started < 3000);
+    } finally {
+      client.close();
+    }
+  });
+});
