@@ -46,6 +46,7 @@ def _instance_id(value: str) -> str:
 def _holder(instance_id: str, fence: int) -> Holder:
     if fence <= 0:
         raise InvalidArgument("fence", "is required: pass the fence the record or claim returned")
+    validation.int64("fence", fence)
     return Holder(_instance_id(instance_id), fence)
 
 

@@ -647,6 +647,7 @@ class Sessions:
     ) -> list[pb.QueuedMessage]:
         agent_name("agent", agent)
         checked_session_id(session_id)
+        validation.int64("after_sequence", after)
         size = pagination.page_size(limit)
 
         def op() -> list[pb.QueuedMessage]:
@@ -701,6 +702,7 @@ class Sessions:
             agent_name("agent", agent)
         if session_id:
             checked_session_id(session_id)
+        validation.int64("after_sequence", after)
         last = after
         while True:
             # Register before reading, so a commit between the read and the wait

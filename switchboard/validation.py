@@ -97,3 +97,13 @@ def seconds(
     if maximum is not None and value > maximum:
         raise InvalidArgument(field, f"must be at most {maximum:g} s")
     return value
+
+
+MAX_INT64 = 2**63 - 1
+
+
+def int64(field: str, value: int) -> int:
+    """A uint64 field that storage keeps as a signed 64-bit integer."""
+    if value > MAX_INT64:
+        raise InvalidArgument(field, f"must be at most {MAX_INT64}")
+    return value

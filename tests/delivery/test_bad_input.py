@@ -65,6 +65,7 @@ INVALID: dict[str, tuple[Call, str]] = {
     "empty instance_id": (_record(instance_id=""), "instance_id"),
     "obligation_id not hex": (_mark("MarkDelivered", obligation_id="../../x"), "obligation_id"),
     "missing fence": (_mark("MarkAttempting", fence=0), "fence"),
+    "fence beyond int64": (_mark("MarkDelivered", fence=2**64 - 1), "fence"),
     "negative retry_after": (
         _mark("MarkFailed", retryable=True, retry_after=duration_pb2.Duration(seconds=-5)),
         "retry_after",

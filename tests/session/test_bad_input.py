@@ -103,6 +103,16 @@ INVALID: dict[str, tuple[Call, str]] = {
         lambda stub, _s: stub.ListSessions(pb.ListSessionsRequest(agent="main", page_token="zzz")),
         "page_token",
     ),
+    "history after a sequence beyond int64": (
+        lambda stub, s: stub.GetHistory(
+            pb.GetHistoryRequest(agent="main", session_id=s, after_sequence=2**64 - 1)
+        ),
+        "after_sequence",
+    ),
+    "watch after a sequence beyond int64": (
+        lambda stub, _s: next(stub.WatchEvents(pb.WatchEventsRequest(after_sequence=2**63))),
+        "after_sequence",
+    ),
     "memory without key": (
         lambda stub, _s: stub.PutMemory(pb.PutMemoryRequest(agent="main", key="", value="v")),
         "key",
