@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
+from google.protobuf.json_format import MessageToJson
 from rich.console import Console
 from rich.table import Table
 
@@ -83,6 +84,25 @@ def register(session: click.Group, main: click.Group) -> None:
             ["name", "version", "peers", "rules", "archived"],
             [[a.name, a.version, ",".join(a.peers), len(a.permissions), a.archived] for a in rows],
         )
+
+    @session.command("agent")
+    @click.argument("name")
+    @_session_address
+    @_token
+    def agent(name: str, address: str, token: str | None) -> None:
+        """Show one agent: memory, permissions, peers, settings."""
+        shown = _with_sessions(address, token, lambda c: c.get_agent(name))
+        click.echo(MessageToJson(shown))
+
+    @session.command("show")
+    @click.argument("agent")
+    @click.argument("session_id")
+    @_session_address
+    @_token
+    def show(agent: str, session_id: str, address: str, token: str | None) -> None:
+        """Show one session's state (inbox, outbox, task, temp state)."""
+        state = _with_sessions(address, token, lambda c: c.state(agent, session_id))
+        click.echo(MessageToJson(state.state))
 
     @session.command("sessions")
     @click.argument("agent")
@@ -164,6 +184,14 @@ def register(session: click.Group, main: click.Group) -> None:
                 for o in rows
             ],
         )  # fmt: skip
+
+    @delivery.command("obligation")
+    @click.argument("obligation_id")
+    @_delivery_address
+    @_token
+    def obligation(obligation_id: str, address: str, token: str | None) -> None:
+        """Show one obligation."""
+        click.echo(MessageToJson(_with_ledger(address, token, lambda c: c.get(obligation_id))))
 
     @delivery.command("stats")
     @_delivery_address

@@ -14,13 +14,13 @@ from switchboard_client.loopback import LoopbackPlatform
 from switchboard.session.v1 import session_service_pb2 as pb
 
 
-def main(session_address: str, delivery_address: str) -> None:
+def main(session_address: str, delivery_address: str, idempotent: bool) -> None:
     gateway = Gateway(
         "crashing-gateway",
         "main",
         SessionClient(session_address),
         DeliveryClient(delivery_address),
-        [LoopbackPlatform(mode="die")],
+        [LoopbackPlatform(mode="die", idempotent_sends=idempotent)],
         lambda turn: f"answer to {turn.state.state.inbox[-1].message.content}",
     )
     gateway.start()
@@ -32,4 +32,4 @@ def main(session_address: str, delivery_address: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    main(sys.argv[1], sys.argv[2], idempotent="--idempotent" in sys.argv[3:])

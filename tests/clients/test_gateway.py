@@ -34,7 +34,8 @@ class Services:
 
 @pytest.fixture
 def services(database_url: str, loop_thread: EventLoopThread) -> Iterator[Services]:
-    limits = LedgerLimits(lease_ttl_s=1.0)  # a killed gateway is dead within a second
+    # A killed gateway is dead within a second; a failed send is retried 0.2 s later.
+    limits = LedgerLimits(lease_ttl_s=1.0, backoff_s=(0.2,))
     with (
         session_server(loop_thread, database_url) as session,
         delivery_server(loop_thread, database_url, limits) as delivery,
@@ -91,36 +92,41 @@ def test_a_full_conversation(services: Services) -> None:
     assert list(services.sessions.list_resumable("main").sessions) == []
 
 
-def test_a_gateway_killed_mid_send_is_recovered_with_the_marker(services: Services) -> None:
+def _crash_mid_send(services: Services, *flags: str) -> dpb.Obligation:
+    command = [
+        sys.executable,
+        "-m",
+        "tests.clients.gateway_process",
+        services.session_address,
+        services.delivery_address,
+        *flags,
+    ]
     crashed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.clients.gateway_process",
-            services.session_address,
-            services.delivery_address,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
     assert crashed.returncode == -9, crashed.stderr
     [owed] = list(services.ledger.list())
     assert owed.state == dpb.OBLIGATION_STATE_ATTEMPTING
+    return owed
 
-    platform = LoopbackPlatform()
+
+def _recover(services: Services, platform: LoopbackPlatform) -> None:
     rescuer = _gateway(services, platform)
     rescuer.start()  # the crashed instance's lease (1 s) runs out while this one boots
     try:
-        for _ in range(50):
-            if platform.sent:
-                break
+        deadline = time.monotonic() + 30
+        while not platform.sent:
+            assert time.monotonic() < deadline, "nothing was redelivered"
             rescuer.recover()
             time.sleep(0.1)
     finally:
         rescuer.stop()
+
+
+def test_a_gateway_killed_mid_send_is_recovered_with_the_marker(services: Services) -> None:
+    owed = _crash_mid_send(services)
+    platform = LoopbackPlatform()
+    _recover(services, platform)
     assert [s.text for s in platform.sent] == [RECOVERED_MARKER + "answer to what is 6 x 7?"]
     assert services.ledger.get(owed.id).state == dpb.OBLIGATION_STATE_DELIVERED
     assert _history(services) == [
@@ -128,6 +134,33 @@ def test_a_gateway_killed_mid_send_is_recovered_with_the_marker(services: Servic
         (pb.ROLE_ASSISTANT, "answer to what is 6 x 7?"),
     ], "the turn was completed, not re-run"
     assert list(services.sessions.list_resumable("main").sessions) == []
+
+
+def test_an_idempotent_platform_gets_the_recovered_reply_without_marker(
+    services: Services,
+) -> None:
+    owed = _crash_mid_send(services, "--idempotent")
+    platform = LoopbackPlatform(idempotent_sends=True)
+    _recover(services, platform)
+    assert [(s.text, s.key) for s in platform.sent] == [("answer to what is 6 x 7?", owed.id)]
+    assert services.ledger.get(owed.id).state == dpb.OBLIGATION_STATE_DELIVERED
+
+
+def test_periodic_claims_retry_a_failed_send(services: Services) -> None:
+    platform = LoopbackPlatform(mode="fail")
+    gateway = _gateway(services, platform)
+    gateway.claim_every_s = 0.2
+    gateway.start()
+    try:
+        gateway.handle(Inbound(DM, "hello", message_ref="m-1"))  # fails; retry due in 0.2 s
+        platform.mode = "ok"
+        deadline = time.monotonic() + 30
+        while not platform.sent:
+            assert time.monotonic() < deadline, "the periodic claim did not retry"
+            time.sleep(0.05)
+    finally:
+        gateway.stop()
+    assert [s.text for s in platform.sent] == [RECOVERED_MARKER + "answer to hello"]
 
 
 def test_a_platform_down_during_recovery_keeps_its_budget(services: Services) -> None:

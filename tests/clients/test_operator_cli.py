@@ -33,6 +33,10 @@ def test_operator_commands(tmp_path: Path, loop_thread: EventLoopThread) -> None
 
         address = ["--address", session.address]
         assert "main" in run("session", "agents", *address)
+        assert '"name": "main"' in run("session", "agent", "main", *address)
+        assert '"routingKey": "agent:main:web:tab"' in run(
+            "session", "show", "main", first.session_id, *address
+        )
         assert first.session_id in run("session", "sessions", "main", *address)
         assert "checkpoint before at sequence" in run("session", "checkpoint", "before", *address)
         sessions.resolve("main", transport="web", conversation_id="later")
@@ -40,8 +44,11 @@ def test_operator_commands(tmp_path: Path, loop_thread: EventLoopThread) -> None
         assert len(list(sessions.list_sessions("main"))) == 1
 
         instance = ledger.register("gw", ["slack"])
-        ledger.record(instance.instance_id, session_key="k", content="hi", platform="slack",
-                      chat_id="C1")  # fmt: skip
+        row = ledger.record(
+            instance.instance_id, session_key="k", content="hi", platform="slack", chat_id="C1"
+        ).obligation
+        assert f'"id": "{row.id}"' in run("delivery", "obligation", row.id, "--address",
+                                          delivery.address)  # fmt: skip
         listed = run("delivery", "obligations", "--address", delivery.address)
         assert "PENDING" in listed and "slack" in listed
         assert "PENDING" in run("delivery", "stats", "--address", delivery.address)
