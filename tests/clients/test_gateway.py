@@ -233,3 +233,28 @@ def test_the_cron_transport_routes_each_job_to_its_own_session(services: Service
     assert {s.chat_id for s in platform.sent} == {"ops-channel"}
     keys = {s.routing_key for s in services.sessions.list_sessions("main", transport="cron")}
     assert keys == {"agent:main:cron:digest", "agent:main:cron:backup"}
+
+
+def test_a_platform_that_can_tell_is_asked_instead_of_resending(services: Services) -> None:
+    owed = _crash_mid_send(services)
+
+    class Remembering(LoopbackPlatform):
+        """This platform can look a send up by its key: the first send did arrive."""
+
+        def was_delivered(self, idempotency_key: str) -> str | None:
+            return "platform-msg-7" if idempotency_key == owed.id else None
+
+    platform = Remembering()
+    rescuer = _gateway(services, platform)
+    rescuer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while services.ledger.get(owed.id).state != dpb.OBLIGATION_STATE_DELIVERED:
+            assert time.monotonic() < deadline, "the row was never settled"
+            rescuer.recover()
+            time.sleep(0.1)
+    finally:
+        rescuer.stop()
+    assert platform.sent == [], "no duplicate went out"
+    assert services.ledger.get(owed.id).platform_message_id == "platform-msg-7"
+    assert list(services.sessions.list_resumable("main").sessions) == [], "the turn is finished"

@@ -338,6 +338,7 @@ class Gateway:
                 already = adapter.was_delivered(row.id)
                 if already is not None:
                     self.ledger.mark_delivered(self.instance_id, row, already)
+                    self._finish_recovered_turn(row)
                     continue
             marker = row.needs_marker and not adapter.idempotent_sends
             text = RECOVERED_MARKER + row.content if marker else row.content
