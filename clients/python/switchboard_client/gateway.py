@@ -238,7 +238,7 @@ class Gateway:
             "session_id": session.session_id,
             "inbox_through": str(inbox_through),
         }
-        self.deliver(
+        ours = self.deliver(
             session.routing_key or session.session_id,
             message_ref,
             reply,
@@ -247,7 +247,8 @@ class Gateway:
             thread_id,
             metadata=turn,
         )
-        self._finish_turn(session.session_id, reply, list(state.state.inbox), inbox_through)
+        if ours:  # else the instance that owes it finishes the turn when it delivers
+            self._finish_turn(session.session_id, reply, list(state.state.inbox), inbox_through)
         return reply
 
     def _finish_turn(
@@ -299,8 +300,12 @@ class Gateway:
         chat_id: str,
         thread_id: str = "",
         metadata: dict[str, str] | None = None,
-    ) -> None:
-        """Records the reply as owed, then sends it; the ledger never blocks the send."""
+    ) -> bool:
+        """Records the reply as owed, then sends it; the ledger never blocks the send.
+
+        False when this very reply was recorded before by another instance: it is
+        delivered already, or owed by that instance and redelivered by a claim.
+        """
         adapter = self.adapters[platform]
         recorded = self.ledger.record_best_effort(
             self.instance_id,
@@ -315,15 +320,14 @@ class Gateway:
         )
         row = recorded.obligation if recorded is not None else None
         if row is not None and row.owner_instance_id != self.instance_id:
-            # This very reply was recorded before (a re-run turn): it is delivered
-            # already, or owed by another instance and redelivered by a claim.
             log.info(
                 "reply %s is recorded already (%s); not sending it again",
                 row.id,
                 dpb.ObligationState.Name(row.state),
             )
-            return
+            return False
         self._send(adapter, row, chat_id, thread_id, content, key=row.id if row else "")
+        return True
 
     def recover(self, platforms: Sequence[str] | None = None) -> int:
         """Claims what is owed (dead instances' rows, due retries) and redelivers it."""
