@@ -201,27 +201,48 @@ class Gateway:
             sender=source.user_id,
             message_ref=inbound.message_ref,
         )
-        self.sessions.post_to_inbox(self.agent, session.session_id, message)
+        # Mark first: a crash after the mark and before the post leaves a mark with
+        # nothing to answer (cleared at the next boot), never a stored, unmarked message.
         self.sessions.mark_resumable(self.agent, session.session_id, True)
+        self.sessions.post_to_inbox(self.agent, session.session_id, message)
         return self._run_turn(session, inbound)
 
     def resume_interrupted(self) -> None:
         """Re-runs the turns a crash cut off, if still fresh (stale ones are reset)."""
         resumable = self.sessions.list_resumable(self.agent)
         for session in resumable.sessions:
-            if session.suspended or self._reply_owed(session):
-                continue  # an owed reply is redelivered by a claim, never re-run
-            log.info("resuming interrupted session %s", session.session_id)
-            self._run_turn(session, None)
+            if not session.suspended:
+                self._resume(session)
 
-    def _reply_owed(self, session: pb.Session) -> bool:
+    def _resume(self, session: pb.Session) -> None:
+        """Answers only what no reply covers yet: an owed reply is redelivered by a
+        claim, a delivered one only completes its turn; neither is re-run."""
         key = session.routing_key or session.session_id
+        rows = [
+            row
+            for row in self.ledger.list(session_key=key)
+            if row.metadata.get("session_id") == session.session_id
+        ]
         owed = (
             dpb.OBLIGATION_STATE_PENDING,
             dpb.OBLIGATION_STATE_ATTEMPTING,
             dpb.OBLIGATION_STATE_FAILED,
         )
-        return any(row.state in owed for row in self.ledger.list(session_key=key))
+        if any(row.state in owed for row in rows):
+            return
+        delivered = [row for row in rows if row.state == dpb.OBLIGATION_STATE_DELIVERED]
+        latest = max(
+            delivered, key=lambda row: int(row.metadata.get("inbox_through", "0")), default=None
+        )
+        answered_through = int(latest.metadata.get("inbox_through", "0")) if latest else 0
+        inbox = list(self.sessions.state(self.agent, session.session_id).state.inbox)
+        if any(q.sequence > answered_through for q in inbox):
+            log.info("resuming interrupted session %s", session.session_id)
+            self._run_turn(session, None)
+        elif latest is not None and inbox:
+            self._finish_turn(session.session_id, latest.content, inbox, answered_through)
+        else:
+            self.sessions.mark_resumable(self.agent, session.session_id, False)
 
     def _run_turn(self, session: pb.Session, inbound: Inbound | None) -> str:
         state = self.sessions.state(self.agent, session.session_id)
