@@ -1,0 +1,1 @@
+"""Hypothesis fuzzing of every RPC of both services against real in-process servers."""

@@ -1,0 +1,246 @@
+"""Calling an RPC with a fuzzed request, and what every answer must satisfy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import grpc
+from google.protobuf import text_format
+from google.protobuf.descriptor import MethodDescriptor
+from google.protobuf.message import Message
+from hypothesis import HealthCheck, settings
+
+from tests.fuzz.hostile import EXAMPLES
+from tests.status import error_details
+
+#: A unary call that takes longer than this is a hang, not an answer.
+CALL_TIMEOUT_S: Final = 15.0
+#: WatchEvents: how long to wait for the first message of the stream.
+WATCH_TIMEOUT_S: Final = 0.2
+
+#: The codes the services' domain errors map to: clear answers a client can act on.
+CLEAR_CODES: Final = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.ABORTED,
+    }
+)
+
+FUZZ_SETTINGS: Final = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,  # no example database: each run explores afresh; failures print the request
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.large_base_example,
+    ],
+)
+
+
+def backend_of(url: str) -> str:
+    return "postgres" if url.startswith(("postgresql://", "postgres://")) else "sqlite"
+
+
+def strings_in(message: Message) -> list[tuple[str, str]]:
+    """(field name, value) of every string set in a message, nested ones too."""
+    found: list[tuple[str, str]] = []
+    for descriptor, value in message.ListFields():
+        entry = descriptor.message_type
+        if entry is not None and entry.GetOptions().map_entry:
+            values = [part for pair in value.items() for part in pair]
+        else:
+            values = value if descriptor.is_repeated else [value]
+        for item in values:
+            if isinstance(item, str):
+                found.append((descriptor.name, item))
+            elif isinstance(item, Message):
+                found += strings_in(item)
+    return found
+
+
+def _short(value: str) -> str:
+    if len(value) <= 120:
+        return value
+    return f"{value[:40]}...<{len(value)} characters: {sorted(set(value))[:8]!r}>"
+
+
+def shortened(request: Message) -> Message:
+    """A copy with every long string cut (for display only)."""
+    copy = type(request)()
+    copy.CopyFrom(request)
+    for descriptor, value in copy.ListFields():
+        if descriptor.message_type is not None and descriptor.message_type.GetOptions().map_entry:
+            entries = dict(value)
+            value.clear()
+            for key, item in list(entries.items())[:20]:
+                if isinstance(item, Message):
+                    value[_short(key)].CopyFrom(shortened(item))
+                else:
+                    value[_short(key)] = _short(item) if isinstance(item, str) else item
+        elif descriptor.is_repeated:
+            items = list(value)
+            del value[:]
+            if descriptor.type == descriptor.TYPE_STRING:
+                value.extend(_short(item) for item in items)
+            elif descriptor.type == descriptor.TYPE_MESSAGE:
+                value.extend(shortened(item) for item in items)
+            else:
+                value.extend(items)
+        elif descriptor.type == descriptor.TYPE_STRING:
+            setattr(copy, descriptor.name, _short(value))
+        elif descriptor.type == descriptor.TYPE_MESSAGE:
+            getattr(copy, descriptor.name).CopyFrom(shortened(value))
+    return copy
+
+
+def describe(request: Message, limit: int = 2000) -> str:
+    """A request in one line, long strings cut, for assertion messages."""
+    shown = text_format.MessageToString(shortened(request), as_one_line=True, as_utf8=True)
+    shown = f"{type(request).__name__}({shown})"
+    return shown if len(shown) <= limit else f"{shown[:limit]}... ({len(shown)} characters)"
+
+
+class Fuzzed:
+    """A fuzzed request; its repr (in Hypothesis' failure reports) cuts long strings."""
+
+    def __init__(self, message: Message) -> None:
+        self.message = message
+
+    def __repr__(self) -> str:
+        return describe(self.message)
+
+
+@dataclass
+class Answer:
+    """One call's outcome: a response (for a stream: its first message, if any) or an error."""
+
+    response: Message | None = None
+    error: grpc.RpcError | None = None
+    streaming: bool = False
+
+
+def call(stub: Any, method: MethodDescriptor, request: Message) -> Answer:
+    rpc: Callable[..., Any] = getattr(stub, method.name)
+    streaming = method.server_streaming
+    try:
+        if not streaming:
+            return Answer(response=rpc(request, timeout=CALL_TIMEOUT_S))
+        stream = rpc(request, timeout=WATCH_TIMEOUT_S)
+        try:
+            return Answer(response=next(stream), streaming=True)
+        except StopIteration:
+            return Answer(streaming=True)
+        finally:
+            stream.cancel()
+    except grpc.RpcError as error:
+        return Answer(error=error, streaming=streaming)
+
+
+def idle_stream(answer: Answer) -> bool:
+    """A stream that sent nothing before the client's short deadline ended it."""
+    return (
+        answer.streaming
+        and answer.error is not None
+        and answer.error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    )
+
+
+def check_answer(rpc: str, request: Message, answer: Answer) -> None:
+    """Success, or a clear code with a google.rpc.ErrorInfo (and, for
+    INVALID_ARGUMENT, a BadRequest naming the field): never UNKNOWN, INTERNAL or
+    DEADLINE_EXCEEDED, except that a stream may end at the client's deadline."""
+    error = answer.error
+    if error is None:
+        return
+    if idle_stream(answer):
+        # WatchEvents: DEADLINE_EXCEEDED is fine here. A live stream with nothing to
+        # send yet is ended by the client's own short deadline (WATCH_TIMEOUT_S); a
+        # refused request is answered at once, before any deadline.
+        return
+    code = error.code()
+    assert code in CLEAR_CODES, (
+        f"{rpc} answered {code.name}: {error.details()!r}\nrequest: {describe(request)}"
+    )
+    info, fields = error_details(error)
+    assert info.reason, f"{rpc} {code.name} without an ErrorInfo reason: {describe(request)}"
+    assert info.domain == "switchboard", f"{rpc} ErrorInfo domain {info.domain!r}"
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        assert fields and all(fields), (
+            f"{rpc} INVALID_ARGUMENT without a BadRequest field ({fields}): {describe(request)}"
+        )
+
+
+# -- known server bugs ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    """A server bug the fuzzer found. Requests it matches are left out of the fuzz
+    runs (so the suite stays green) and `repro` shows it as a strict xfail."""
+
+    name: str
+    rpc: str
+    #: What goes wrong and what is expected instead.
+    reason: str
+    #: The backends on which `repro` shows the bug.
+    backends: tuple[str, ...]
+    #: Whether a fuzzed request (on a backend) hits this bug, known from the request.
+    matches: Callable[[str, Message, str], bool] | None
+    #: The minimal reproducing request, given the seeded state.
+    repro: Callable[[Any], Message]
+    #: The expected answer, beyond the general contract: a status code, if any.
+    expected: grpc.StatusCode | None = None
+    #: Extra RPCs the same bug reaches (for `matches` and `shows`).
+    also: Sequence[str] = field(default=())
+    #: Whether an answer shows this bug, for bugs known by their answer (any RPC in
+    #: `also`, or every RPC when `also` is "*").
+    shows: Callable[[Answer], bool] | None = None
+
+    def reaches(self, rpc: str) -> bool:
+        return rpc == self.rpc or rpc in self.also or "*" in self.also
+
+
+def known_bug(bugs: Sequence[KnownBug], rpc: str, request: Message, backend: str) -> str | None:
+    """The known bug a request would hit, judged from the request."""
+    for bug in bugs:
+        if bug.matches is not None and bug.reaches(rpc) and bug.matches(rpc, request, backend):
+            return bug.name
+    return None
+
+
+def known_answer(bugs: Sequence[KnownBug], rpc: str, answer: Answer) -> str | None:
+    """The known bug an answer shows, judged from the answer."""
+    for bug in bugs:
+        if bug.shows is not None and bug.reaches(rpc) and bug.shows(answer):
+            return bug.name
+    return None
+
+
+def oversized_trailers(answer: Answer) -> bool:
+    """The status did not fit gRPC's metadata limit: the client got RESOURCE_EXHAUSTED
+    ("received metadata size exceeds ...") instead of the server's error."""
+    error = answer.error
+    return (
+        error is not None
+        and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        and "metadata size exceeds" in (error.details() or "")
+    )
+
+
+def check_repro(bug: KnownBug, stub: Any, method: MethodDescriptor, request: Message) -> None:
+    answer = call(stub, method, request)
+    check_answer(bug.rpc, request, answer)
+    if bug.expected is not None:
+        got = "OK" if answer.error is None else answer.error.code().name
+        assert answer.error is not None and answer.error.code() == bug.expected, (
+            f"{bug.rpc} answered {got}, expected {bug.expected.name}: {describe(request)}"
+        )

@@ -1,0 +1,491 @@
+"""Fuzzing every DeliveryService RPC: each answer is a success or a clear status with
+an ErrorInfo, and a rejected request leaves ledger_obligation and ledger_instance as
+they were.
+
+One server per RPC and backend, seeded with a live gateway instance (slack and
+telegram), a deregistered one, obligations in every state with their fences, and
+page tokens; then Hypothesis sends that RPC requests built from valid values mixed
+with hostile ones (see hostile.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import grpc
+import pytest
+from google.protobuf.message import Message
+from hypothesis import given, reject
+from hypothesis import strategies as st
+
+from switchboard.delivery.v1 import delivery_service_pb2 as pb
+from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
+from tests.fuzz.checks import (
+    FUZZ_SETTINGS,
+    Answer,
+    Fuzzed,
+    KnownBug,
+    backend_of,
+    call,
+    check_answer,
+    check_repro,
+    describe,
+    known_answer,
+    known_bug,
+    strings_in,
+)
+from tests.fuzz.hostile import (
+    Field,
+    boolean,
+    duration,
+    empty_request,
+    enum,
+    float_overflows,
+    int64,
+    message,
+    message_of,
+    nested_token,
+    optional,
+    page_token,
+    request,
+    string_list,
+    string_map,
+    tampered_token,
+    text,
+    token_payload,
+    token_too_deep,
+    uint32,
+    uint64,
+)
+from tests.harness import EventLoopThread, InProcessDelivery, delivery_server
+
+pytestmark = [pytest.mark.fuzz]
+
+S = st.SearchStrategy
+SERVICE: Final = pb.DESCRIPTOR.services_by_name["DeliveryService"]
+SESSION_KEY: Final = "agent:main:slack:channel:C1"
+
+
+# -- seeded state ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holding:
+    """An obligation with the instance holding it and its fence."""
+
+    obligation_id: str
+    instance_id: str
+    fence: int
+
+
+@dataclass(frozen=True)
+class Seed:
+    instance_id: str  # live, slack and telegram
+    dead_instance_id: str  # deregistered
+    holdings: tuple[Holding, ...]  # pending, attempting, delivered, failed, abandoned, telegram
+    token: str  # ListObligations(page_size=1)
+    foreign_token: str  # ListObligations(page_size=1, platform="slack")
+
+
+def seed(stub: pb_grpc.DeliveryServiceStub) -> Seed:
+    def register(name: str) -> str:
+        return stub.RegisterInstance(
+            pb.RegisterInstanceRequest(
+                gateway_name=name, host="fuzz-host", pid=4242, platforms=["slack", "telegram"]
+            )
+        ).instance.instance_id
+
+    live, dead = register("fuzz-gateway"), register("dead-gateway")
+    stub.DeregisterInstance(pb.DeregisterInstanceRequest(instance_id=dead))
+
+    def record(content: str, platform: str = "slack", begin: bool = False) -> pb.Obligation:
+        return stub.RecordObligation(
+            pb.RecordObligationRequest(
+                instance_id=live,
+                session_key=SESSION_KEY,
+                message_ref="m1",
+                content=content,
+                platform=platform,
+                chat_id="C1",
+                thread_id="171.001",
+                metadata={"reply_to": "m1"},
+                begin_attempt=begin,
+            )
+        ).obligation
+
+    def fenced(row: pb.Obligation) -> dict[str, Any]:
+        return {"obligation_id": row.id, "instance_id": live, "fence": row.fence}
+
+    pending = record("pending reply")
+    attempting = record("attempting reply", begin=True)
+    delivered = record("delivered reply")
+    stub.MarkDelivered(pb.MarkDeliveredRequest(platform_message_id="pm-1", **fenced(delivered)))
+    failed = record("failed reply")
+    stub.MarkFailed(pb.MarkFailedRequest(error="503", retryable=True, **fenced(failed)))
+    abandoned = record("abandoned reply")
+    stub.MarkFailed(pb.MarkFailedRequest(error="blocked", retryable=False, **fenced(abandoned)))
+    telegram = record("telegram reply", platform="telegram")
+    token = stub.ListObligations(pb.ListObligationsRequest(page_size=1)).next_page_token
+    foreign = stub.ListObligations(
+        pb.ListObligationsRequest(page_size=1, platform="slack")
+    ).next_page_token
+    assert token and foreign
+    rows = (pending, attempting, delivered, failed, abandoned, telegram)
+    return Seed(
+        instance_id=live,
+        dead_instance_id=dead,
+        holdings=tuple(Holding(row.id, live, row.fence) for row in rows),
+        token=token,
+        foreign_token=foreign,
+    )
+
+
+# -- field strategies -----------------------------------------------------------------------
+
+PLATFORM: Final = text("slack", "telegram", "discord")
+PLATFORMS: Final = string_list(PLATFORM, [], ["slack"], ["slack", "telegram"])
+KEY: Final = text("reply_to", "parse_mode")
+VALUE: Final = text("", "m1", "HTML")
+STATES: Final = [
+    pb.OBLIGATION_STATE_UNSPECIFIED,
+    pb.OBLIGATION_STATE_PENDING,
+    pb.OBLIGATION_STATE_ATTEMPTING,
+    pb.OBLIGATION_STATE_DELIVERED,
+    pb.OBLIGATION_STATE_FAILED,
+    pb.OBLIGATION_STATE_ABANDONED,
+]
+
+
+def _instance(seed: Seed) -> Field:
+    return text(seed.instance_id, seed.instance_id, seed.dead_instance_id, "nosuchinstance")
+
+
+def _obligation(seed: Seed) -> Field:
+    return text(*(h.obligation_id for h in seed.holdings), "0" * 24)
+
+
+def _held(seed: Seed) -> S[dict[str, Any]]:
+    return st.sampled_from(
+        [
+            {"obligation_id": h.obligation_id, "instance_id": h.instance_id, "fence": h.fence}
+            for h in seed.holdings
+        ]
+    )
+
+
+def _fenced(cls: type[Message], seed: Seed, **fields: Field) -> S[Message]:
+    fences = uint64(0, 1, *(h.fence for h in seed.holdings))
+    held = {
+        "obligation_id": _obligation(seed),
+        "instance_id": _instance(seed),
+        "fence": fences,
+        **fields,
+    }
+    return request(message_of(cls, held, base=_held(seed)))
+
+
+def _record(seed: Seed) -> S[Message]:
+    return request(
+        message(
+            pb.RecordObligationRequest,
+            base=st.just({"instance_id": seed.instance_id}),
+            instance_id=_instance(seed),
+            session_key=text(SESSION_KEY, "spaces/AAA/threads/BBB", "k"),
+            message_ref=text("", "m1", "m2"),
+            content=text("reply", "the final answer", "multi\nline"),
+            platform=PLATFORM,
+            chat_id=text("C1", "U1", "-100123"),
+            thread_id=text("", "171.001"),
+            metadata=string_map(KEY, VALUE, {}, {"reply_to": "m1"}),
+            begin_attempt=boolean(),
+        )
+    )
+
+
+RequestStrategy = Callable[[Seed], S[Message]]
+
+#: Every RPC of the DeliveryService and how its requests are built.
+REQUESTS: Final[dict[str, RequestStrategy]] = {
+    "RegisterInstance": lambda seed: request(
+        message(
+            pb.RegisterInstanceRequest,
+            gateway_name=text("gw", "prod-gateway"),
+            host=text("", "host-1"),
+            pid=int64(0, 1234),
+            platforms=PLATFORMS,
+            lease_ttl=duration(1, 30, 3600),
+        )
+    ),
+    "Heartbeat": lambda seed: request(
+        message(pb.HeartbeatRequest, instance_id=_instance(seed), platforms=PLATFORMS)
+    ),
+    "DeregisterInstance": lambda seed: request(
+        message(pb.DeregisterInstanceRequest, instance_id=_instance(seed))
+    ),
+    "RecordObligation": _record,
+    "MarkAttempting": lambda seed: _fenced(pb.MarkAttemptingRequest, seed),
+    "MarkDelivered": lambda seed: _fenced(
+        pb.MarkDeliveredRequest, seed, platform_message_id=text("", "pm-1")
+    ),
+    "MarkFailed": lambda seed: _fenced(
+        pb.MarkFailedRequest,
+        seed,
+        error=text("", "503", "HTTP 429\nretry later"),
+        retryable=boolean(),
+        retry_after=duration(0, 5, 86400),
+    ),
+    "ClaimRecoverable": lambda seed: request(
+        message(
+            pb.ClaimRecoverableRequest,
+            base=st.just({"instance_id": seed.instance_id}),
+            instance_id=_instance(seed),
+            deliverable_platforms=optional(message(pb.PlatformSet, platforms=PLATFORMS)),
+            limit=uint32(0, 1, 1000),
+        )
+    ),
+    "GetObligation": lambda seed: request(
+        message(pb.GetObligationRequest, obligation_id=_obligation(seed))
+    ),
+    "ListObligations": lambda seed: request(
+        message(
+            pb.ListObligationsRequest,
+            base=st.sampled_from(
+                [{"state": 0, "platform": "", "session_key": "", "owner_instance_id": ""}, {}]
+            ),
+            state=enum(STATES),
+            platform=text("", "slack"),
+            session_key=text("", SESSION_KEY),
+            owner_instance_id=text("", seed.instance_id),
+            page_size=uint32(0, 1, 2, 1000),
+            page_token=page_token([seed.token], foreign=[seed.foreign_token]),
+        )
+    ),
+    "RetryObligation": lambda seed: request(
+        message(pb.RetryObligationRequest, obligation_id=_obligation(seed))
+    ),
+    "AbandonObligation": lambda seed: request(
+        message(
+            pb.AbandonObligationRequest,
+            obligation_id=_obligation(seed),
+            reason=text("", "operator says so"),
+        )
+    ),
+    "GetLedgerStats": lambda seed: empty_request(pb.GetLedgerStatsRequest),
+    "PruneObligations": lambda seed: request(
+        message(pb.PruneObligationsRequest, older_than=duration(1, 3600, 7 * 86400))
+    ),
+}
+
+#: RPCs that never write, whatever they answer.
+READ_ONLY: Final = frozenset({"GetObligation", "ListObligations", "GetLedgerStats"})
+
+_PLATFORM = re.compile(r"[a-z][a-z0-9_]{0,31}")
+
+
+def accepted_problems(rpc: str, response: Message) -> list[str]:
+    """Platform names the server accepted must follow the rule the protos state."""
+    values: list[tuple[str, str]] = []
+    if isinstance(response, pb.RecordObligationResponse):
+        values.append(("obligation.platform", response.obligation.platform))
+    elif isinstance(response, pb.RegisterInstanceResponse | pb.HeartbeatResponse):
+        values += [("instance.platforms", p) for p in response.instance.platforms]
+    return [
+        f"{rpc} accepted {name}={value!r}, which breaks its documented syntax"
+        for name, value in values
+        if not _PLATFORM.fullmatch(value)
+    ]
+
+
+# -- the database -------------------------------------------------------------------------------
+
+Rows = tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
+
+
+def rows(delivery: InProcessDelivery) -> Rows:
+    """The rows of ledger_obligation and ledger_instance (as test_bad_input compares)."""
+    store = delivery.unit.store
+    with store.backend.database.connection_context():
+        database: Any = store.backend.database  # peewee's execute_sql is untyped
+        obligations = database.execute_sql("SELECT * FROM ledger_obligation ORDER BY id").fetchall()
+        instances = database.execute_sql("SELECT * FROM ledger_instance ORDER BY id").fetchall()
+    return obligations, instances
+
+
+def check_nothing_written(
+    rpc: str, request: Message, answer: Answer, before: Rows, after: Rows
+) -> None:
+    outcome = "OK" if answer.error is None else answer.error.code().name
+    assert after[0] == before[0], (
+        f"{rpc} answered {outcome} but changed ledger_obligation\nrequest: {describe(request)}"
+    )
+    assert after[1] == before[1], (
+        f"{rpc} answered {outcome} but changed ledger_instance\nrequest: {describe(request)}"
+    )
+
+
+# -- known server bugs ------------------------------------------------------------------------
+
+_PLATFORM_FIELDS: Final = frozenset({"platform", "platforms"})
+_STORING_PLATFORMS: Final = ("RecordObligation", "RegisterInstance", "Heartbeat")
+
+
+def _platform_newline(rpc: str, request: Message, backend: str) -> bool:
+    return any(
+        name in _PLATFORM_FIELDS and value.endswith("\n") for name, value in strings_in(request)
+    )
+
+
+def _content_nul(rpc: str, request: Message, backend: str) -> bool:
+    return (
+        backend == "postgres"
+        and isinstance(request, pb.RecordObligationRequest)
+        and "\x00" in request.content
+    )
+
+
+def _position_overflows(rpc: str, request: Message, backend: str) -> bool:
+    payload = token_payload(str(getattr(request, "page_token", "")))
+    if not isinstance(payload, dict) or not isinstance(payload.get("p"), list):
+        return False
+    return bool(payload["p"]) and float_overflows(payload["p"][0])
+
+
+def _deep_token(rpc: str, request: Message, backend: str) -> bool:
+    return token_too_deep(str(getattr(request, "page_token", "")))
+
+
+BUGS: Final = (
+    KnownBug(
+        name="platform-trailing-newline",
+        rpc="RecordObligation",
+        reason="platforms pass '^[a-z][a-z0-9_]{0,31}$' with a trailing newline ('$' matches "
+        "before a final newline): SQLite stores platform 'ppp...\\n', Postgres fails with "
+        "INTERNAL (value too long for character varying(32)); expected INVALID_ARGUMENT "
+        "platform",
+        backends=("sqlite", "postgres"),
+        matches=_platform_newline,
+        repro=lambda seed: pb.RecordObligationRequest(
+            instance_id=seed.instance_id,
+            session_key=SESSION_KEY,
+            content="reply",
+            platform="p" * 32 + "\n",
+            chat_id="C1",
+        ),
+        expected=grpc.StatusCode.INVALID_ARGUMENT,
+        also=_STORING_PLATFORMS,
+    ),
+    KnownBug(
+        name="instance-platforms-trailing-newline",
+        rpc="RegisterInstance",
+        reason="RegisterInstance(platforms=['slack\\n']) registers an instance with platform "
+        "'slack\\n' (the same '$' regex); expected INVALID_ARGUMENT platforms",
+        backends=("sqlite", "postgres"),
+        matches=_platform_newline,
+        repro=lambda seed: pb.RegisterInstanceRequest(gateway_name="gw", platforms=["slack\n"]),
+        expected=grpc.StatusCode.INVALID_ARGUMENT,
+        also=_STORING_PLATFORMS,
+    ),
+    KnownBug(
+        name="obligation-id-trailing-newline",
+        rpc="GetObligation",
+        reason="obligation ids pass '^[0-9a-f]{24}$' with a trailing newline, so "
+        "GetObligation('0'*24 + '\\n') is NOT_FOUND instead of INVALID_ARGUMENT obligation_id "
+        "(harmless today: ids are never stored from input)",
+        backends=("sqlite", "postgres"),
+        matches=None,
+        repro=lambda seed: pb.GetObligationRequest(obligation_id="0" * 24 + "\n"),
+        expected=grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    KnownBug(
+        name="content-nul-on-postgres",
+        rpc="RecordObligation",
+        reason="content is only checked for size; on Postgres a reply containing NUL reaches "
+        "the text column and fails with INTERNAL ('A string literal cannot contain NUL'); "
+        "expected the row (as on SQLite) or INVALID_ARGUMENT content",
+        backends=("postgres",),
+        matches=_content_nul,
+        repro=lambda seed: pb.RecordObligationRequest(
+            instance_id=seed.instance_id,
+            session_key=SESSION_KEY,
+            content="a\x00b",
+            platform="slack",
+            chat_id="C1",
+        ),
+    ),
+    KnownBug(
+        name="list-position-beyond-float",
+        rpc="ListObligations",
+        reason="a page token with the right filter fingerprint whose position is an integer "
+        "beyond the float range makes float() raise OverflowError, which list() does not "
+        "catch: INTERNAL; expected INVALID_ARGUMENT page_token",
+        backends=("sqlite", "postgres"),
+        matches=_position_overflows,
+        repro=lambda seed: pb.ListObligationsRequest(
+            page_token=tampered_token(seed.token, [10**400, "x"])
+        ),
+        expected=grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+    KnownBug(
+        name="page-token-deep-json",
+        rpc="ListObligations",
+        reason="json.loads of a deeply nested page token raises RecursionError, which "
+        "pagination.decode does not catch: INTERNAL; expected INVALID_ARGUMENT page_token",
+        backends=("sqlite", "postgres"),
+        matches=_deep_token,
+        repro=lambda seed: pb.ListObligationsRequest(page_token=nested_token(seed.token, 100_000)),
+        expected=grpc.StatusCode.INVALID_ARGUMENT,
+    ),
+)
+
+
+def test_every_rpc_has_a_request_strategy() -> None:
+    """A new RPC cannot go unfuzzed: the table covers the service descriptor exactly."""
+    assert set(REQUESTS) == set(SERVICE.methods_by_name)
+    named = READ_ONLY | {bug.rpc for bug in BUGS}
+    assert not named - set(REQUESTS), f"not RPCs: {sorted(named - set(REQUESTS))}"
+
+
+@pytest.mark.parametrize("rpc", sorted(REQUESTS))
+def test_fuzzed_requests_answer_clearly_and_rejections_write_nothing(
+    rpc: str, database_url: str, loop_thread: EventLoopThread
+) -> None:
+    backend = backend_of(database_url)
+    method = SERVICE.methods_by_name[rpc]
+    with delivery_server(loop_thread, database_url) as delivery:
+        strategy = REQUESTS[rpc](seed(delivery.stub))
+
+        @FUZZ_SETTINGS
+        @given(fuzzed=strategy.map(Fuzzed))
+        def fuzz(fuzzed: Fuzzed) -> None:
+            sent = fuzzed.message
+            if known_bug(BUGS, rpc, sent, backend) is not None:
+                reject()  # shown by test_known_bug instead
+            before = rows(delivery)
+            answer = call(delivery.stub, method, sent)
+            if answer.error is not None or rpc in READ_ONLY:
+                check_nothing_written(rpc, sent, answer, before, rows(delivery))
+            if known_answer(BUGS, rpc, answer) is not None:
+                return  # shown by test_known_bug instead
+            check_answer(rpc, sent, answer)
+            if answer.response is not None:
+                assert not accepted_problems(rpc, answer.response), describe(sent)
+
+        fuzz()
+
+
+@pytest.mark.parametrize("bug", BUGS, ids=lambda bug: bug.name)
+def test_known_bug(
+    bug: KnownBug,
+    database_url: str,
+    loop_thread: EventLoopThread,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Each server bug the fuzzer found, reproduced minimally (strict xfail where it shows)."""
+    if backend_of(database_url) in bug.backends:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=bug.reason))
+    with delivery_server(loop_thread, database_url) as delivery:
+        repro = bug.repro(seed(delivery.stub))
+        check_repro(bug, delivery.stub, SERVICE.methods_by_name[bug.rpc], repro)
