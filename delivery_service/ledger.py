@@ -27,14 +27,14 @@ from switchboard import pagination, validation
 from switchboard.database import TransactionRunner
 from switchboard.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
 
-_OBLIGATION_ID = re.compile(r"^[0-9a-f]{24}$")
+_OBLIGATION_ID = re.compile(r"[0-9a-f]{24}")
 MAX_CLAIM_LIMIT = 1000
 MAX_LEASE_TTL_S = 3600.0
 MAX_RETRY_AFTER_S = 24 * 3600.0
 
 
 def _obligation_id(value: str) -> str:
-    if not _OBLIGATION_ID.match(value):
+    if not _OBLIGATION_ID.fullmatch(value):
         raise InvalidArgument("obligation_id", "must be 24 lower-case hex characters")
     return value
 
@@ -306,13 +306,8 @@ class Ledger:
         validation.text("session_key", where.session_key, max_len=512)
         size = pagination.page_size(page_size)
         filters = [where.state, where.platform, where.session_key, where.owner_instance_id]
-        position = pagination.decode(page_token, filters)
-        after = None
-        if position is not None:
-            try:
-                after = (float(position[0]), str(position[1]))
-            except (IndexError, TypeError, ValueError) as exc:
-                raise InvalidArgument("page_token", "is malformed") from exc
+        position = pagination.position_of(page_token, filters, float, str)
+        after = None if position is None else (position[0], position[1])
 
         def op() -> Page:
             rows = self.store.list_page(where, after, size + 1)

@@ -37,8 +37,8 @@ from switchboard.errors import (
 )
 from switchboard.session.v1 import session_service_pb2 as pb
 
-_AGENT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_SESSION_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_SESSION_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 MAX_EVENTS_PER_APPEND = 100
 
 
@@ -53,7 +53,7 @@ class SessionLimits:
 
 
 def agent_name(field: str, value: str) -> str:
-    if not _AGENT_NAME.match(value):
+    if not _AGENT_NAME.fullmatch(value):
         raise InvalidArgument(
             field,
             f"{value[:70]!r} is not an agent name: 1-63 lower-case letters, digits, '-' or '_', "
@@ -63,7 +63,7 @@ def agent_name(field: str, value: str) -> str:
 
 
 def checked_session_id(value: str) -> str:
-    if not _SESSION_ID.match(value) or ".." in value:
+    if not _SESSION_ID.fullmatch(value) or ".." in value:
         raise InvalidArgument(
             "session_id",
             "must be 1-128 letters, digits, '-', '_' or '.', without '..'",
@@ -278,8 +278,8 @@ class Sessions:
         self, include_archived: bool, page_size: int, page_token: str
     ) -> tuple[list[pb.Agent], str]:
         size = pagination.page_size(page_size)
-        position = pagination.decode(page_token, [include_archived])
-        after = str(position[0]) if position else ""
+        position = pagination.position_of(page_token, [include_archived], str)
+        after = position[0] if position else ""
 
         def op() -> tuple[list[pb.Agent], str]:
             names = self.store.list_agents(after, size + 1, include_archived)
@@ -499,8 +499,8 @@ class Sessions:
             validation.platform("transport", transport)
         size = pagination.page_size(page_size)
         filters = [agent, status, transport]
-        position = pagination.decode(page_token, filters)
-        before = int(position[0]) if position else None
+        position = pagination.position_of(page_token, filters, int)
+        before = position[0] if position else None
 
         def op() -> tuple[list[pb.Session], str]:
             if self.store.agent_index(agent) is None:

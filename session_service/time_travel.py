@@ -24,7 +24,7 @@ from switchboard.errors import (
 from switchboard.proto_time import timestamp
 from switchboard.session.v1 import session_service_pb2 as pb
 
-_LABEL = re.compile(r"^[\w.:-]{1,128}$")
+_LABEL = re.compile(r"[\w.:-]{1,128}", re.ASCII)
 
 
 def _checkpoint_pb(label: str, seq: int, created_at: float) -> pb.Checkpoint:
@@ -39,7 +39,7 @@ class TimeTravel:
     # -- checkpoints ------------------------------------------------------------------------
 
     async def create_checkpoint(self, label: str) -> pb.Checkpoint:
-        if not _LABEL.match(label):
+        if not _LABEL.fullmatch(label):
             raise InvalidArgument("label", "must be 1-128 letters, digits, '_', '.', ':' or '-'")
 
         def op(now: float) -> pb.Checkpoint:

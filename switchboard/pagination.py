@@ -11,6 +11,7 @@ import base64
 import binascii
 import hashlib
 import json
+import math
 from typing import Any
 
 from switchboard.errors import InvalidArgument
@@ -45,7 +46,7 @@ def decode(token: str, filters: Any) -> list[Any] | None:
         payload = json.loads(raw)
         position = payload["p"]
         issued_for = payload["f"]
-    except (binascii.Error, ValueError, KeyError, TypeError) as exc:
+    except (binascii.Error, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise InvalidArgument(
             "page_token", "is not a token this service issued", reason="INVALID_PAGE_TOKEN"
         ) from exc
@@ -56,3 +57,22 @@ def decode(token: str, filters: Any) -> list[Any] | None:
             reason="INVALID_PAGE_TOKEN",
         )
     return position
+
+
+def position_of(token: str, filters: Any, *kinds: type) -> list[Any] | None:
+    """The decoded position, each part converted to its kind (int parts must fit
+    int64); None for the first page. A tampered token is INVALID_ARGUMENT."""
+    position = decode(token, filters)
+    if position is None:
+        return None
+    try:
+        if len(position) != len(kinds):
+            raise ValueError("wrong length")
+        converted = [kind(part) for kind, part in zip(kinds, position, strict=True)]
+        if any(isinstance(part, int) and abs(part) > 2**63 - 1 for part in converted):
+            raise ValueError("out of range")
+        if any(isinstance(part, float) and not math.isfinite(part) for part in converted):
+            raise ValueError("not finite")
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidArgument("page_token", "is malformed", reason="INVALID_PAGE_TOKEN") from exc
+    return converted

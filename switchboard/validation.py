@@ -19,7 +19,7 @@ from switchboard.errors import InvalidArgument
 # logical keys such as "s:abc" only refuse a real drive path ("C:", "C:\\", "C:/").
 _DRIVE_PREFIX = re.compile(r"^[A-Za-z]:")
 _DRIVE_PATH = re.compile(r"^[A-Za-z]:(?:[\\/]|$)")
-_PLATFORM = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_PLATFORM = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 def _has_control_chars(value: str) -> bool:
@@ -63,7 +63,7 @@ def routing_key(field: str, value: str, *, max_len: int = 512) -> str:
 
 
 def platform(field: str, value: str) -> str:
-    if not _PLATFORM.match(value):
+    if not _PLATFORM.fullmatch(value):
         raise InvalidArgument(
             field,
             f"{value[:40]!r} is not a platform name (lower-case letters, digits and '_', "

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-import grpc
 import pytest
 from google.protobuf.message import Message
 from hypothesis import given, reject
@@ -47,13 +46,11 @@ from tests.fuzz.hostile import (
     int64,
     message,
     message_of,
-    nested_token,
     optional,
     page_token,
     request,
     string_list,
     string_map,
-    tampered_token,
     text,
     token_payload,
     token_too_deep,
@@ -359,47 +356,6 @@ def _deep_token(rpc: str, request: Message, backend: str) -> bool:
 
 BUGS: Final = (
     KnownBug(
-        name="platform-trailing-newline",
-        rpc="RecordObligation",
-        reason="platforms pass '^[a-z][a-z0-9_]{0,31}$' with a trailing newline ('$' matches "
-        "before a final newline): SQLite stores platform 'ppp...\\n', Postgres fails with "
-        "INTERNAL (value too long for character varying(32)); expected INVALID_ARGUMENT "
-        "platform",
-        backends=("sqlite", "postgres"),
-        matches=_platform_newline,
-        repro=lambda seed: pb.RecordObligationRequest(
-            instance_id=seed.instance_id,
-            session_key=SESSION_KEY,
-            content="reply",
-            platform="p" * 32 + "\n",
-            chat_id="C1",
-        ),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-        also=_STORING_PLATFORMS,
-    ),
-    KnownBug(
-        name="instance-platforms-trailing-newline",
-        rpc="RegisterInstance",
-        reason="RegisterInstance(platforms=['slack\\n']) registers an instance with platform "
-        "'slack\\n' (the same '$' regex); expected INVALID_ARGUMENT platforms",
-        backends=("sqlite", "postgres"),
-        matches=_platform_newline,
-        repro=lambda seed: pb.RegisterInstanceRequest(gateway_name="gw", platforms=["slack\n"]),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-        also=_STORING_PLATFORMS,
-    ),
-    KnownBug(
-        name="obligation-id-trailing-newline",
-        rpc="GetObligation",
-        reason="obligation ids pass '^[0-9a-f]{24}$' with a trailing newline, so "
-        "GetObligation('0'*24 + '\\n') is NOT_FOUND instead of INVALID_ARGUMENT obligation_id "
-        "(harmless today: ids are never stored from input)",
-        backends=("sqlite", "postgres"),
-        matches=None,
-        repro=lambda seed: pb.GetObligationRequest(obligation_id="0" * 24 + "\n"),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-    ),
-    KnownBug(
         name="content-nul-on-postgres",
         rpc="RecordObligation",
         reason="content is only checked for size; on Postgres a reply containing NUL reaches "
@@ -414,29 +370,6 @@ BUGS: Final = (
             platform="slack",
             chat_id="C1",
         ),
-    ),
-    KnownBug(
-        name="list-position-beyond-float",
-        rpc="ListObligations",
-        reason="a page token with the right filter fingerprint whose position is an integer "
-        "beyond the float range makes float() raise OverflowError, which list() does not "
-        "catch: INTERNAL; expected INVALID_ARGUMENT page_token",
-        backends=("sqlite", "postgres"),
-        matches=_position_overflows,
-        repro=lambda seed: pb.ListObligationsRequest(
-            page_token=tampered_token(seed.token, [10**400, "x"])
-        ),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-    ),
-    KnownBug(
-        name="page-token-deep-json",
-        rpc="ListObligations",
-        reason="json.loads of a deeply nested page token raises RecursionError, which "
-        "pagination.decode does not catch: INTERNAL; expected INVALID_ARGUMENT page_token",
-        backends=("sqlite", "postgres"),
-        matches=_deep_token,
-        repro=lambda seed: pb.ListObligationsRequest(page_token=nested_token(seed.token, 100_000)),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
     ),
 )
 

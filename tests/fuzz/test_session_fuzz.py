@@ -49,14 +49,12 @@ from tests.fuzz.hostile import (
     int_or_none,
     message,
     message_of,
-    nested_token,
     optional,
     page_token,
     repeated,
     request,
     string_list,
     string_map,
-    tampered_token,
     text,
     token_payload,
     token_too_deep,
@@ -755,67 +753,6 @@ BUGS: Final = (
         repro=lambda seed: pb.RewindRequest(checkpoint="a" * 20_000),
     ),
     KnownBug(
-        name="agent-name-trailing-newline",
-        rpc="CreateAgent",
-        reason="agent names are checked with re.match('^...$'), and '$' matches before a "
-        "final newline: CreateAgent(name='newline\\n') creates an agent whose name breaks "
-        "the documented syntax (expected INVALID_ARGUMENT agent.name)",
-        backends=("sqlite", "postgres"),
-        matches=_trailing_newline,
-        repro=lambda seed: pb.CreateAgentRequest(agent=pb.Agent(name="newline\n")),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-    ),
-    KnownBug(
-        name="peer-name-trailing-newline",
-        rpc="UpdateAgent",
-        reason="peer names pass the agent-name regex with a trailing newline: "
-        "UpdateAgent(peers=['helper\\n']) stores it; expected INVALID_ARGUMENT agent.peers[0]",
-        backends=("sqlite", "postgres"),
-        matches=_trailing_newline,
-        repro=lambda seed: pb.UpdateAgentRequest(
-            agent=pb.Agent(name="main", peers=["helper\n"]),
-            update_mask=field_mask_pb2.FieldMask(paths=["peers"]),
-        ),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-    ),
-    KnownBug(
-        name="session-id-trailing-newline",
-        rpc="SpawnSession",
-        reason="session ids pass '^[A-Za-z0-9_.-]{1,128}$' with a trailing newline: SQLite "
-        "stores a 129-character id with a newline, Postgres fails with INTERNAL (value too "
-        "long for character varying(128)); expected INVALID_ARGUMENT session_id",
-        backends=("sqlite", "postgres"),
-        matches=_trailing_newline,
-        repro=lambda seed: pb.SpawnSessionRequest(agent="main", session_id="s" * 128 + "\n"),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-    ),
-    KnownBug(
-        name="checkpoint-label-trailing-newline",
-        rpc="CreateCheckpoint",
-        reason="checkpoint labels pass '^[\\w.:-]{1,128}$' with a trailing newline and are "
-        "stored with it (a 129-character label is INTERNAL on Postgres); expected "
-        "INVALID_ARGUMENT label",
-        backends=("sqlite", "postgres"),
-        matches=_trailing_newline,
-        repro=lambda seed: pb.CreateCheckpointRequest(label="c" * 128 + "\n"),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-    ),
-    KnownBug(
-        name="transport-trailing-newline",
-        rpc="ResolveSession",
-        reason="transports pass the platform regex with a trailing newline: SQLite opens a "
-        "session whose transport is 'ttt...\\n', Postgres fails with INTERNAL (value too long "
-        "for character varying(32)); expected INVALID_ARGUMENT source.transport",
-        backends=("sqlite", "postgres"),
-        matches=_trailing_newline,
-        repro=lambda seed: pb.ResolveSessionRequest(
-            agent="main",
-            source=pb.Source(transport="t" * 32 + "\n", chat_type=pb.CHAT_TYPE_DM, chat_id="C1"),
-        ),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-        also=("SendToPeer",),
-    ),
-    KnownBug(
         name="chat-routing-key-over-512",
         rpc="ResolveSession",
         reason="each chat id may be 256 characters, but session_route.routing_key is "
@@ -845,44 +782,6 @@ BUGS: Final = (
         backends=("postgres",),
         matches=_rewind_nul,
         repro=lambda seed: pb.RewindRequest(checkpoint="cp\x00"),
-    ),
-    KnownBug(
-        name="list-sessions-tampered-position",
-        rpc="ListSessions",
-        reason="a page token with the right filter fingerprint but a non-integer position "
-        "(['x'], [null], [Infinity]) makes int() raise in list_sessions: INTERNAL; expected "
-        "INVALID_ARGUMENT page_token (INVALID_PAGE_TOKEN)",
-        backends=("sqlite", "postgres"),
-        matches=_sessions_position_crashes,
-        repro=lambda seed: pb.ListSessionsRequest(
-            agent="main", page_token=tampered_token(seed.sessions_token, ["x"])
-        ),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-    ),
-    KnownBug(
-        name="list-sessions-position-beyond-int64",
-        rpc="ListSessions",
-        reason="a page token whose position is an integer beyond int64 reaches SQLite, "
-        "which raises OverflowError: INTERNAL; expected INVALID_ARGUMENT page_token",
-        backends=("sqlite",),
-        matches=_sessions_position_crashes,
-        repro=lambda seed: pb.ListSessionsRequest(
-            agent="main", page_token=tampered_token(seed.sessions_token, [10**30])
-        ),
-    ),
-    KnownBug(
-        name="page-token-deep-json",
-        rpc="ListAgents",
-        reason="pagination.decode catches binascii/Value/Key/TypeError, but json.loads of a "
-        "deeply nested token raises RecursionError: INTERNAL (ListAgents, ListSessions); "
-        "expected INVALID_ARGUMENT page_token",
-        backends=("sqlite", "postgres"),
-        matches=_deep_token,
-        repro=lambda seed: pb.ListAgentsRequest(
-            page_token=nested_token(seed.agents_token, 100_000)
-        ),
-        expected=grpc.StatusCode.INVALID_ARGUMENT,
-        also=("ListSessions",),
     ),
 )
 
