@@ -1,8 +1,11 @@
-"""Benchmarks for Switchboard (not tests): run with `python -m bench`.
+"""Benchmarks for Switchboard (not tests): run with `python -m bench` (see README.md).
 
-`bench.delivery_cycle` drives the delivery ledger's send path over gRPC,
-`bench.baseline` measures raw database floors of the same transactions;
-`bench.session_load` drives the SessionService (appends, next-turn loads) and
-`bench.session_baseline` measures its peewee insert floor; `bench.runner`
-starts servers, runs both and prints the comparisons.
+Load generators, each its own process: `bench.delivery_cycle` (delivery cycles,
+closed loop), `bench.claim_load` (claiming a dead instance's orphans, seeded by
+`bench.orphans`), `bench.session_load` (appends, next-turn loads),
+`bench.open_loop` (either service on a fixed schedule). In-process floors:
+`bench.baseline` (raw drivers) and `bench.session_baseline` (peewee).
+`bench.runner` starts servers, runs everything and prints the comparisons;
+`bench.session_runner`, `bench.latency` and `bench.timetravel` do their parts;
+`bench.plots` draws the PNG plots from the JSON report.
 """

@@ -260,3 +260,148 @@ def postgres_floor(url: str, seconds: float, warmup_s: float = 0.5) -> Measureme
                 raise RuntimeError("floor transaction missed its row")
 
         return _timed_cycles("raw psycopg2", cycle, seconds, warmup_s)
+
+
+# -- claim floors: recovering orphans ---------------------------------------------------------
+
+#: States a claim takes over (the ledger's OWED states).
+_OWED = ("pending", "attempting", "failed")
+#: Conversations the orphans are spread over (as `bench.orphans` seeds them).
+_CONVERSATIONS = 97
+
+
+def _orphan_row(owner: str, i: int, now: float, false: Any) -> tuple[Any, ...]:
+    """Row `i` of a dead instance's backlog, shaped as `bench.orphans.orphan(i)` seeds it."""
+    user = f"U{i % _CONVERSATIONS}"
+    session_key = f"agent:main:slack:dm:{user}"
+    message_ref, content = f"m{i}", f"reply {i}"
+    return (
+        _obligation_id(session_key, message_ref, content),
+        session_key,
+        message_ref,
+        content,
+        "slack",
+        user,
+        "",
+        "{}",
+        "pending",
+        owner,
+        1,
+        0,
+        false,
+        "",
+        "",
+        now,
+        now,
+        None,
+        None,
+    )
+
+
+def _claim_sql(param: str) -> str:
+    """One batch of a claim: the oldest owed rows of the dead owner, in delivery order,
+    moved to ATTEMPTING under the rescuer with a new fence, returned whole."""
+    owed = ", ".join(f"'{state}'" for state in _OWED)
+    return (
+        'UPDATE "ledger_obligation" SET "state" = \'attempting\', '
+        f'"owner_instance_id" = {param}, "fence" = "fence" + 1, "attempts" = "attempts" + 1, '
+        '"needs_marker" = ("state" <> \'pending\' OR "attempts" > 0), '
+        f'"next_attempt_at" = NULL, "updated_at" = {param} '
+        'WHERE "id" IN (SELECT "id" FROM "ledger_obligation" '
+        f'WHERE "owner_instance_id" = {param} AND "state" IN ({owed}) '
+        f'ORDER BY "session_key", "created_at", "id" LIMIT {param}) '
+        f"RETURNING {_COLUMNS}"
+    )
+
+
+def _timed_claims(name: str, claim_batch: Callable[[], int], count: int, batch: int) -> Measurement:
+    """Calls `claim_batch()` (one transaction, returns the rows it claimed) until it
+    claims nothing; rows/s over the batches that claimed rows."""
+    latencies: list[float] = []
+    claimed = 0
+    started = last = time.perf_counter()
+    while True:
+        began = time.perf_counter()
+        rows = claim_batch()
+        ended = time.perf_counter()
+        if not rows:
+            break
+        claimed += rows
+        latencies.append(ended - began)
+        last = ended
+    errors = 0 if claimed == count else 1
+    measurement = summarise(name, 1, last - started, latencies, claimed, errors=errors)
+    measurement.rpcs_per_cycle = len(latencies) / claimed if claimed else 0.0
+    measurement.extra = {"rows": claimed, "batches": len(latencies), "limit": batch}
+    return measurement
+
+
+def sqlite_claim_floor(sync: SqliteSync, count: int, batch: int = 1000) -> Measurement:
+    """`count` orphans (bulk-inserted, untimed) claimed `batch` rows per transaction on
+    stdlib sqlite3 (WAL, synchronous=`sync`): one UPDATE … RETURNING per batch."""
+    directory = Path(tempfile.mkdtemp(prefix="bench-sqlite-claim-floor-"))
+    try:
+        connection = sqlite3.connect(
+            directory / "floor.sqlite3", isolation_level=None, check_same_thread=True
+        )
+        try:
+            execute = connection.execute
+            execute("PRAGMA journal_mode=WAL")
+            execute(f"PRAGMA synchronous={sync}")
+            execute("PRAGMA busy_timeout=5000")
+            execute(_table_ddl("REAL", "INTEGER", "INTEGER"))
+            for index in _INDEXES:
+                execute(index)
+            dead, rescuer = uuid.uuid4().hex, uuid.uuid4().hex
+            now = time.time()
+            execute("BEGIN IMMEDIATE")
+            connection.executemany(
+                f'INSERT INTO "ledger_obligation" ({_COLUMNS}) VALUES ({", ".join("?" * 19)})',
+                (_orphan_row(dead, i, now, 0) for i in range(count)),
+            )
+            execute("COMMIT")
+            claim = _claim_sql("?")
+
+            def claim_batch() -> int:
+                execute("BEGIN IMMEDIATE")
+                rows = execute(claim, (rescuer, time.time(), dead, batch)).fetchall()
+                execute("COMMIT")
+                return len(rows)
+
+            return _timed_claims(f"raw sqlite3 {sync}", claim_batch, count, batch)
+        finally:
+            connection.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def postgres_claim_floor(url: str, count: int, batch: int = 1000) -> Measurement:
+    """`count` orphans (bulk-inserted, then ANALYZE, untimed) claimed `batch` rows per
+    transaction on psycopg2: one UPDATE … RETURNING per batch. `url`: a fresh schema."""
+    from psycopg2.extras import execute_values
+
+    with _pg_connection(url) as connection:
+        cursor = connection.cursor()
+        cursor.execute(_table_ddl("DOUBLE PRECISION", "BIGINT", "BOOLEAN"))
+        for index in _INDEXES:
+            cursor.execute(index)
+        dead, rescuer = uuid.uuid4().hex, uuid.uuid4().hex
+        now = time.time()
+        execute_values(
+            cursor,
+            f'INSERT INTO "ledger_obligation" ({_COLUMNS}) VALUES %s',
+            [_orphan_row(dead, i, now, False) for i in range(count)],
+            page_size=1000,
+        )
+        connection.commit()
+        cursor.execute('ANALYZE "ledger_obligation"')
+        connection.commit()
+        claim = _claim_sql("%s")
+
+        def claim_batch() -> int:
+            cursor.execute(claim, (rescuer, time.time(), dead, batch))
+            rows = cursor.fetchall()
+            connection.commit()
+            return len(rows)
+
+        return _timed_claims("raw psycopg2", claim_batch, count, batch)

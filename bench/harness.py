@@ -24,8 +24,12 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 During = Callable[[], Callable[[], None]]
 
 
+_STARTED = time.monotonic()
+
+
 def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    """A progress line on stderr, prefixed with the seconds since this process started."""
+    print(f"[{time.monotonic() - _STARTED:6.0f} s] {message}", file=sys.stderr, flush=True)
 
 
 def run_loadgen(

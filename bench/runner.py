@@ -1,17 +1,23 @@
-"""`python -m bench`: the delivery-cycle benchmark, then the SessionService's (see
-`bench.session_runner`): floors, servers, load, tables, JSON.
+"""`python -m bench`: the delivery-cycle benchmark, the claim of a dead instance's
+orphans, then the SessionService's (see `bench.session_runner`), open-loop latency
+(`bench.latency`) and restart / rewind (`bench.timetravel`): floors, servers, load,
+tables, plots (`bench.plots`), JSON.
 
 For each configuration (SQLite synchronous=FULL, SQLite NORMAL, Postgres) a
 fresh DeliveryService process is started on 127.0.0.1 and loaded by a separate
 load-generator process (`bench.delivery_cycle`) with 1 client, then 8 clients
-over 1 and over 2 channels (the faster is kept). Raw driver floors of the same
-three transactions are measured in the same run for the ratios.
+over 1 and over 2 channels (the faster is kept), then 32 clients over the kept
+number of channels. Raw driver floors of the same three transactions are
+measured in the same run for the ratios. Then, on a fresh server of each
+configuration, `bench.orphans` seeds a dead instance's backlog and
+`bench.claim_load` claims it all, next to raw in-process claim floors.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -23,20 +29,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import baseline, harness, profile_report, servers, session_runner, timetravel
+from bench import (
+    baseline,
+    harness,
+    latency,
+    orphans,
+    plots,
+    profile_report,
+    servers,
+    session_runner,
+    timetravel,
+)
 from bench.harness import RESULTS_DIR, log
 from bench.stats import Measurement
+from switchboard.database import SqliteSync
 
 TARGET_CYCLES_PER_S = 1500.0
 TARGET_LINE = "target: >= 1,500 cycles/s over gRPC on SQLite FULL (8 clients)"
 CONCURRENT_CLIENTS = 8
+MANY_CLIENTS = 32
 
 
 @dataclass(frozen=True)
 class Config:
     key: str
     label: str
-    sqlite_sync: str  # the floor it is compared with (Postgres: the FULL floor)
+    sqlite_sync: SqliteSync  # the floor it is compared with (Postgres: the FULL floor)
 
 
 CONFIGS = (
@@ -103,15 +121,23 @@ def server_for(
 
 
 def measure_config(
-    config: Config, seconds: float, warmup_s: float, profile: bool, noop: bool
+    config: Config,
+    seconds: float,
+    warmup_s: float,
+    profile: bool,
+    noop: bool,
+    open_loop: latency.OpenLoopPlan | None = None,
 ) -> dict[str, Any]:
-    """1 client, then 8 clients over 1 and 2 channels; the faster 8-client run is kept.
+    """1 client, then 8 clients over 1 and 2 channels (the faster 8-client run is kept),
+    then 32 clients over the kept number of channels.
 
     With `noop`, the same server then answers no-op cycles (3 x Health/Check) with
-    1 and 8 clients: the ceiling of the gRPC layer alone.
+    1 and 8 clients: the ceiling of the gRPC layer alone. With `open_loop`, the
+    open-loop latency runs follow on the same server.
     """
     runs: list[Measurement] = []
     ceiling: list[Measurement] = []
+    open_runs: list[Measurement] = []
     with servers.temp_dir(f"bench-{config.key}-") as data_dir, server_for(config, data_dir) as srv:
         log(f"[{config.key}] server pid {srv.pid} on {srv.address}")
         for clients, channels in ((1, 1), (CONCURRENT_CLIENTS, 1), (CONCURRENT_CLIENTS, 2)):
@@ -120,6 +146,10 @@ def measure_config(
             runs.append(measurement)
             log(f"[{config.key}] {_describe(measurement)}")
         kept_concurrent = max(runs[1:], key=lambda m: m.cycles_per_s)
+        many = run_load(srv, MANY_CLIENTS, kept_concurrent.channels, seconds, warmup_s)
+        many.name = config.label
+        runs.append(many)
+        log(f"[{config.key}] {_describe(many)}")
         two_rpc = run_load(
             srv, CONCURRENT_CLIENTS, kept_concurrent.channels, seconds, warmup_s, rpc="cycle2"
         )
@@ -132,14 +162,19 @@ def measure_config(
                 measurement.name = "gRPC no-op ceiling"
                 ceiling.append(measurement)
                 log(f"[{config.key}] no-op (Health/Check x3) {_describe(measurement)}")
+        if open_loop is not None:
+            open_runs = latency.measure(
+                srv, "delivery", config.key, config.label, open_loop, kept_concurrent.channels
+            )
         profile_text = ""
         if profile:
             profile_text = profile_config(config, srv, kept_concurrent.channels, seconds, warmup_s)
     return {
         "config": config.key,
         "runs": runs,
-        "kept": [runs[0], kept_concurrent, two_rpc],
+        "kept": [runs[0], kept_concurrent, many, two_rpc],
         "ceiling": ceiling,
+        "open_loop": open_runs,
         "profile": profile_text,
     }
 
@@ -189,7 +224,7 @@ def measure_floors(
         {c.sqlite_sync for c in CONFIGS if c.key in keys}, key=lambda s: s != "FULL"
     )
     for sync in wanted_syncs:
-        floors[sync] = baseline.sqlite_floor(sync, seconds)  # type: ignore[arg-type]
+        floors[sync] = baseline.sqlite_floor(sync, seconds)
         log(f"[floor] {_floor_text(floors[sync])}")
     if "postgres" in keys and postgres_ok:
         with servers.postgres_schema() as url:
@@ -296,13 +331,24 @@ ALL_KEYS = (
     "timetravel",
 )
 POSTGRES_KEYS = ("postgres", "session-postgres")
+#: Parts of the run `--skip` can leave out.
+PARTS = ("orphans", "open-loop", "plots")
+
+
+def _listed(parser: argparse.ArgumentParser, text: str, allowed: tuple[str, ...]) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    unknown = sorted(set(items) - set(allowed))
+    if unknown:
+        parser.error(f"unknown name(s) {', '.join(unknown)}: use {', '.join(allowed)}")
+    return items
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="Delivery ledger cycle (record -> attempting -> delivered) and SessionService "
-        "appends / next-turn loads over gRPC, against in-process database floors.",
+        description="Delivery ledger cycles and orphan claims, SessionService appends and "
+        "next-turn loads over gRPC against in-process database floors; open-loop latency "
+        "against no-op calls; restart and rewind against log size; plots.",
     )
     parser.add_argument(
         "--quick", action="store_true", help="short runs (~3 s per measurement) for CI checks"
@@ -311,6 +357,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--only",
         default="",
         help="comma-separated subset of: " + ",".join(ALL_KEYS),
+    )
+    parser.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated parts to leave out: " + ",".join(PARTS),
     )
     parser.add_argument(
         "--profile",
@@ -322,11 +373,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--output", type=Path, default=RESULTS_DIR / "latest.json", help="JSON results file"
     )
     args = parser.parse_args(argv)
-    keys = [k.strip() for k in args.only.split(",") if k.strip()] or list(ALL_KEYS)
-    unknown = sorted(set(keys) - set(ALL_KEYS))
-    if unknown:
-        parser.error(f"unknown configuration(s) {', '.join(unknown)}")
+    keys = _listed(parser, args.only, ALL_KEYS) or list(ALL_KEYS)
     args.keys = [key for key in ALL_KEYS if key in keys]
+    args.skip = set(_listed(parser, args.skip, PARTS))
     return args
 
 
@@ -337,6 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     notes: list[str] = []
     keys: list[str] = args.keys
     machine = machine_info()
+    machine["loadavg_at_start"] = [round(x, 2) for x in os.getloadavg()]
+    if machine["loadavg_at_start"][0] > 0.5:
+        notes.append(
+            f"the machine was busy when the run started: load average "
+            f"{machine['loadavg_at_start'][0]:.2f} (1 min) on {os.cpu_count()} cores; "
+            "other processes compete with the servers and load generators"
+        )
 
     postgres_ok = True
     if any(key in keys for key in POSTGRES_KEYS):
@@ -352,36 +408,87 @@ def main(argv: list[str] | None = None) -> int:
     log(
         f"bench: {'quick' if args.quick else 'full'} run, {seconds:g} s per measurement "
         f"(+{warmup_s:g} s warm-up), configurations: {', '.join(keys) or 'none'}"
+        + (f"; skipping {', '.join(sorted(args.skip))}" if args.skip else "")
     )
-    delivery_keys = [c.key for c in CONFIGS if c.key in keys]
-    session_keys = [c.key for c in session_runner.SESSION_CONFIGS if c.key in keys]
+    delivery_configs = [c for c in CONFIGS if c.key in keys]
+    session_configs = [c for c in session_runner.SESSION_CONFIGS if c.key in keys]
+    delivery_keys = [c.key for c in delivery_configs]
+    session_keys = [c.key for c in session_configs]
+    open_loop = None if "open-loop" in args.skip else latency.open_loop_plan(args.quick)
 
     # -- delivery ------------------------------------------------------------------------
     floors = measure_floors(delivery_keys, seconds, postgres_ok)
     results = [
-        measure_config(c, seconds, warmup_s, args.profile, noop=(i == 0))
-        for i, c in enumerate(c for c in CONFIGS if c.key in delivery_keys)
+        measure_config(
+            c,
+            seconds,
+            warmup_s,
+            args.profile,
+            noop=(i == 0),
+            open_loop=open_loop if i == 0 else None,
+        )
+        for i, c in enumerate(delivery_configs)
     ]
+    # -- delivery: claim of a dead instance's orphans -----------------------------------
+    orphan_count = orphans.orphan_count(args.quick)
+    orphan_floors: dict[str, Measurement] = {}
+    orphan_results: list[tuple[str, str, Measurement]] = []
+    if delivery_configs and "orphans" not in args.skip:
+        orphan_floors = orphans.measure_floors(
+            sorted({c.sqlite_sync for c in delivery_configs if c.key != "postgres"}),
+            "postgres" in delivery_keys,
+            orphan_count,
+        )
+        for config in delivery_configs:
+            measurement = orphans.measure_config(
+                config.key,
+                config.label,
+                config.sqlite_sync,
+                functools.partial(server_for, config),
+                orphan_count,
+            )
+            orphan_results.append((config.label, config.sqlite_sync, measurement))
     # -- sessions ------------------------------------------------------------------------
     plan = session_runner.turn_plan(args.quick)
     session_floors = session_runner.measure_floors(session_keys, seconds)
     session_results = [
-        session_runner.measure_config(c, seconds, warmup_s, plan, args.profile, noop=(i == 0))
-        for i, c in enumerate(c for c in session_runner.SESSION_CONFIGS if c.key in session_keys)
+        session_runner.measure_config(
+            c,
+            seconds,
+            warmup_s,
+            plan,
+            args.profile,
+            noop=(i == 0),
+            open_loop=open_loop if i == 0 else None,
+        )
+        for i, c in enumerate(session_configs)
     ]
+    # -- restart and rewind --------------------------------------------------------------
+    travel: dict[str, Any] | None = None
+    if "timetravel" in keys:
+        travel = timetravel.measure(args.quick, say=lambda line: log(f"[timetravel] {line}"))
 
+    # -- report --------------------------------------------------------------------------
     rows = table_rows(results, floors)
     session_rows = session_runner.table_rows(session_results, session_floors)
-    for m, label, _ in rows + session_rows:
+    orphan_rows = orphans.table_rows(orphan_results, orphan_floors)
+    open_runs = [m for r in results + session_results for m in r["open_loop"]]
+    open_rows = latency.table_rows(open_runs)
+    for m, label, _ in rows + session_rows + orphan_rows:
         if m.errors:
             notes.append(f"{label}, {m.clients} clients: {m.errors} error(s): {m.extra}")
+    for m, label, _ in open_rows:
+        if m.errors:
+            notes.append(
+                f"open loop {label} at {m.extra['offered_rate']:g}/s: {m.errors} error(s), "
+                f"first: {m.extra.get('first_error', '')}"
+            )
 
     target: dict[str, Any] = {"line": TARGET_LINE, "measured": None, "met": None}
+    sections: list[str] = []
     if delivery_keys:
-        print("== DeliveryService: send-path cycles ==")
-        print(render_table(rows))
+        lines = ["== DeliveryService: send-path cycles ==", render_table(rows), ""]
         full = next((r for r in results if r["config"] == "sqlite-full"), None)
-        print()
         if full is not None:
             concurrent = full["kept"][1]
             target["measured"] = round(concurrent.cycles_per_s, 1)
@@ -389,33 +496,55 @@ def main(argv: list[str] | None = None) -> int:
                 concurrent.cycles_per_s >= TARGET_CYCLES_PER_S and concurrent.errors == 0
             )
             verdict = "MET" if target["met"] else "NOT MET"
-            print(f"{TARGET_LINE}: {verdict} ({concurrent.cycles_per_s:,.0f} cycles/s measured)")
+            lines.append(
+                f"{TARGET_LINE}: {verdict} ({concurrent.cycles_per_s:,.0f} cycles/s measured)"
+            )
         else:
-            print(f"{TARGET_LINE}: not measured (sqlite-full not selected)")
+            lines.append(f"{TARGET_LINE}: not measured (sqlite-full not selected)")
+        sections.append("\n".join(lines))
+    if orphan_rows:
+        sections.append(
+            f"== DeliveryService: claim of {orphan_count:,} orphans (ClaimRecoverable, "
+            f"limit {orphans.BATCH:,}) ==\n" + orphans.render_table(orphan_rows)
+        )
     session_target_records: list[dict[str, Any]] = []
     if session_keys:
-        if delivery_keys:
-            print()
-        print("== SessionService: appends and next-turn loads ==")
-        print(session_runner.render_table(session_rows))
-        print()
         target_lines, session_target_records = session_runner.targets(session_results)
-        for line in target_lines:
-            print(line)
-    if "timetravel" in keys:
-        print("\n== SessionService: restart and global rewind against the size of the log ==")
-        timetravel.main(["--quick"] if args.quick else [])
+        sections.append(
+            "\n".join(
+                [
+                    "== SessionService: appends and next-turn loads ==",
+                    session_runner.render_table(session_rows),
+                    "",
+                    *target_lines,
+                ]
+            )
+        )
+    if open_rows and open_loop is not None:
+        sections.append(
+            "== Latency under a fixed open-loop load ==\n"
+            + latency.render_table(open_rows, open_loop)
+        )
+    if travel is not None:
+        sections.append(
+            "== SessionService: restart and global rewind against events and sessions ==\n"
+            + timetravel.render(travel)
+        )
+    print("\n\n".join(sections))
     for note in notes:
         print(f"note: {note}")
     for result in results + session_results:
         if result["profile"]:
             print(f"\n== profile of the server, {result['config']} ==\n{result['profile']}")
 
+    machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     report = {
         "started": started.isoformat(timespec="seconds"),
+        "elapsed_s": round((datetime.datetime.now(datetime.UTC) - started).total_seconds(), 1),
         "mode": "quick" if args.quick else "full",
         "seconds_per_measurement": seconds,
         "warmup_s": warmup_s,
+        "skipped": sorted(args.skip),
         "machine": machine,
         "floors": {key: m.to_json() if m else None for key, m in floors.items()},
         "configurations": [
@@ -432,12 +561,20 @@ def main(argv: list[str] | None = None) -> int:
             {"configuration": label, "ratio": ratio, **m.to_json()} for m, label, ratio in rows
         ],
         "target": target,
+        "orphans": orphans.report(orphan_count, orphan_results, orphan_floors, orphan_rows),
         "session": session_runner.report(
             session_results, session_floors, session_rows, session_target_records, plan
         ),
+        "open_loop": latency.report(open_runs, open_rows, open_loop) if open_loop else None,
+        "timetravel": travel,
         "notes": notes,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2) + "\n")
     log(f"results written to {args.output}")
+    if "plots" not in args.skip:
+        written = plots.write_plots(report, args.output.parent)
+        print("\nplots written:" if written else "\nplots: nothing to plot")
+        for path in written:
+            print(f"  {path}")
     return 0

@@ -1,17 +1,19 @@
 """The SessionService benchmark: appends and next-turn loads over gRPC, against a peewee floor.
 
-For each configuration (SQLite synchronous=FULL, Postgres) a fresh
-`python -m switchboard serve session` process is started on 127.0.0.1 and
-loaded by a separate process (`bench.session_load`):
+For each configuration (SQLite synchronous=FULL, SQLite NORMAL, Postgres) a
+fresh `python -m switchboard serve session` process is started on 127.0.0.1
+and loaded by a separate process (`bench.session_load`):
 
-- AppendEvents, one 100-byte USER message per call, durable, with 1 client and
-  with 8 clients over 1 and over 2 channels (the faster is kept), each client
-  on its own session;
+- AppendEvents, one 100-byte USER message per call, durable, with 1 client,
+  with 8 clients over 1 and over 2 channels (the faster is kept), and with 32
+  clients over the kept number of channels, each client on its own session;
 - load-for-next-turn: GetSessionState + GetHistory(limit=50, newest=true) on a
   session seeded with 100 and 1,000 message events (10,000 too in full mode).
 
 The in-process peewee floor (`bench.session_baseline`, one log-row INSERT per
-transaction) is measured in the same run for the ratios.
+transaction) of each configuration's backend and synchronous setting is
+measured in the same run for the ratios. On the first configuration, the
+open-loop latency runs of `bench.latency` follow.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import harness, profile_report, servers, session_baseline
+from bench import harness, latency, profile_report, servers, session_baseline
 from bench.harness import RESULTS_DIR, log
 from bench.stats import Measurement
+from switchboard.database import SqliteSync
 
 CONCURRENT_CLIENTS = 8
+MANY_CLIENTS = 32
 TARGET_APPENDS_PER_S = 2500.0
 TARGET_APPENDS_LINE = "target: >= 2,500 appends/s with 8 clients on SQLite FULL"
 TARGET_TURN_EVENTS = 1000
@@ -41,11 +45,13 @@ LOADGEN = "bench.session_load"
 class SessionConfig:
     key: str
     label: str
-    backend: str  # "sqlite" (synchronous=FULL) or "postgres"
+    backend: str  # "sqlite" or "postgres"
+    sqlite_sync: SqliteSync = "FULL"  # SQLite only
 
 
 SESSION_CONFIGS = (
     SessionConfig("session-sqlite-full", "sqlite FULL", "sqlite"),
+    SessionConfig("session-sqlite-normal", "sqlite NORMAL", "sqlite", "NORMAL"),
     SessionConfig("session-postgres", "postgres", "postgres"),
 )
 
@@ -135,7 +141,9 @@ def server_for(
             yield server
     else:
         url = f"sqlite:///{data_dir / 'session.sqlite3'}"
-        with servers.running_server(url, data_dir, "FULL", cprofile_to, "session") as server:
+        with servers.running_server(
+            url, data_dir, config.sqlite_sync, cprofile_to, "session"
+        ) as server:
             yield server
 
 
@@ -146,13 +154,16 @@ def measure_config(
     plan: TurnPlan,
     profile: bool,
     noop: bool,
+    open_loop: latency.OpenLoopPlan | None = None,
 ) -> dict[str, Any]:
-    """Appends with 1 client, then 8 clients over 1 and 2 channels (the faster is kept);
-    with `noop`, 1 and 8 clients of Health/Check (the gRPC ceiling); then the next-turn
-    loads at each size of `plan`, smallest first, on the same server."""
+    """Appends with 1 client, then 8 clients over 1 and 2 channels (the faster is kept),
+    then 32 clients over the kept number of channels; with `noop`, 1 and 8 clients of
+    Health/Check (the gRPC ceiling); with `open_loop`, the open-loop latency runs; then
+    the next-turn loads at each size of `plan`, smallest first, all on the same server."""
     runs: list[Measurement] = []
     ceiling: list[Measurement] = []
     turns: list[Measurement] = []
+    open_runs: list[Measurement] = []
     profile_text = ""
     with (
         servers.temp_dir(f"bench-{config.key}-") as data_dir,
@@ -165,6 +176,10 @@ def measure_config(
             runs.append(measurement)
             log(f"[{config.key}] appends {harness.describe(measurement, 'appends')}")
         kept_concurrent = max(runs[1:], key=lambda m: m.cycles_per_s)
+        many = run_appends(srv, MANY_CLIENTS, kept_concurrent.channels, seconds, warmup_s)
+        many.name = f"{config.label} AppendEvents"
+        runs.append(many)
+        log(f"[{config.key}] appends {harness.describe(many, 'appends')}")
         if noop:
             for clients in (1, CONCURRENT_CLIENTS):
                 channels = 1 if clients == 1 else kept_concurrent.channels
@@ -172,6 +187,10 @@ def measure_config(
                 measurement.name = "gRPC no-op ceiling"
                 ceiling.append(measurement)
                 log(f"[{config.key}] no-op (1 Health/Check) {harness.describe(measurement, 'ops')}")
+        if open_loop is not None:
+            open_runs = latency.measure(
+                srv, "session", config.key, config.label, open_loop, kept_concurrent.channels
+            )
         for events in plan.sizes:
             measurement = run_turns(srv, events, plan)
             measurement.name = f"{config.label} next-turn load"
@@ -182,9 +201,10 @@ def measure_config(
     return {
         "config": config.key,
         "runs": runs,
-        "kept": [runs[0], kept_concurrent],
+        "kept": [runs[0], kept_concurrent, many],
         "ceiling": ceiling,
         "turns": turns,
+        "open_loop": open_runs,
         "profile": profile_text,
     }
 
@@ -238,7 +258,7 @@ def measure_floors(keys: list[str], seconds: float) -> dict[str, Measurement | N
             with servers.postgres_schema() as url:
                 floors[config.key] = session_baseline.postgres_floor(url, seconds)
         else:
-            floors[config.key] = session_baseline.sqlite_floor("FULL", seconds)
+            floors[config.key] = session_baseline.sqlite_floor(config.sqlite_sync, seconds)
         log(f"[floor] {_floor_text(floors[config.key])}")
     return floors
 
@@ -386,6 +406,7 @@ def report(
                 "kept": [m.to_json() for m in r["kept"]],
                 "noop_ceiling": [m.to_json() for m in r["ceiling"]],
                 "turns": [m.to_json() for m in r["turns"]],
+                "open_loop": [m.to_json() for m in r["open_loop"]],
                 "profile": r["profile"],
             }
             for r in results

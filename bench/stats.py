@@ -32,7 +32,7 @@ class Measurement:
     mean_ms: float
     errors: int = 0
     channels: int = 0
-    rpcs_per_cycle: int = STEPS_PER_CYCLE
+    rpcs_per_cycle: float = STEPS_PER_CYCLE
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
