@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -10,7 +10,7 @@ import grpc
 from google.protobuf import text_format
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, reject, settings
 
 from tests.fuzz.hostile import EXAMPLES
 from tests.status import error_details
@@ -244,3 +244,37 @@ def check_repro(bug: KnownBug, stub: Any, method: MethodDescriptor, request: Mes
         assert answer.error is not None and answer.error.code() == bug.expected, (
             f"{bug.rpc} answered {got}, expected {bug.expected.name}: {describe(request)}"
         )
+
+
+def fuzz_rpc(
+    stub: Any,
+    rpc: str,
+    method: Any,
+    strategy: Any,
+    *,
+    bugs: Sequence[KnownBug],
+    backend: str,
+    read_only: Collection[str],
+    snapshot: Callable[[], Any],
+    nothing_written: Callable[[str, Message, Answer, Any, Any], None],
+    accepted_problems: Callable[[str, Message], list[str]],
+) -> None:
+    """Fuzzes one RPC: every answer is clear, and a rejection (or a read) writes nothing."""
+
+    @FUZZ_SETTINGS
+    @given(fuzzed=strategy.map(Fuzzed))
+    def fuzz(fuzzed: Fuzzed) -> None:
+        sent = fuzzed.message
+        if known_bug(bugs, rpc, sent, backend) is not None:
+            reject()  # shown by test_known_bug instead
+        before = snapshot()
+        answer = call(stub, method, sent)
+        if answer.error is not None or rpc in read_only:
+            nothing_written(rpc, sent, answer, before, snapshot())
+        if known_answer(bugs, rpc, answer) is not None:
+            return  # shown by test_known_bug instead
+        check_answer(rpc, sent, answer)
+        if answer.response is not None:
+            assert not accepted_problems(rpc, answer.response), describe(sent)
+
+    fuzz()

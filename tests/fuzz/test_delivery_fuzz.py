@@ -17,23 +17,17 @@ from typing import Any, Final
 
 import pytest
 from google.protobuf.message import Message
-from hypothesis import given, reject
 from hypothesis import strategies as st
 
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from tests.fuzz.checks import (
-    FUZZ_SETTINGS,
     Answer,
-    Fuzzed,
     KnownBug,
     backend_of,
-    call,
-    check_answer,
     check_repro,
     describe,
-    known_answer,
-    known_bug,
+    fuzz_rpc,
     strings_in,
 )
 from tests.fuzz.hostile import (
@@ -388,25 +382,18 @@ def test_fuzzed_requests_answer_clearly_and_rejections_write_nothing(
     backend = backend_of(database_url)
     method = SERVICE.methods_by_name[rpc]
     with delivery_server(loop_thread, database_url) as delivery:
-        strategy = REQUESTS[rpc](seed(delivery.stub))
-
-        @FUZZ_SETTINGS
-        @given(fuzzed=strategy.map(Fuzzed))
-        def fuzz(fuzzed: Fuzzed) -> None:
-            sent = fuzzed.message
-            if known_bug(BUGS, rpc, sent, backend) is not None:
-                reject()  # shown by test_known_bug instead
-            before = rows(delivery)
-            answer = call(delivery.stub, method, sent)
-            if answer.error is not None or rpc in READ_ONLY:
-                check_nothing_written(rpc, sent, answer, before, rows(delivery))
-            if known_answer(BUGS, rpc, answer) is not None:
-                return  # shown by test_known_bug instead
-            check_answer(rpc, sent, answer)
-            if answer.response is not None:
-                assert not accepted_problems(rpc, answer.response), describe(sent)
-
-        fuzz()
+        fuzz_rpc(
+            delivery.stub,
+            rpc,
+            method,
+            REQUESTS[rpc](seed(delivery.stub)),
+            bugs=BUGS,
+            backend=backend,
+            read_only=READ_ONLY,
+            snapshot=lambda: rows(delivery),
+            nothing_written=check_nothing_written,
+            accepted_problems=accepted_problems,
+        )
 
 
 @pytest.mark.parametrize("bug", BUGS, ids=lambda bug: bug.name)

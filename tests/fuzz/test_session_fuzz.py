@@ -18,23 +18,17 @@ import grpc
 import pytest
 from google.protobuf import field_mask_pb2
 from google.protobuf.message import Message
-from hypothesis import given, reject
 from hypothesis import strategies as st
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.fuzz.checks import (
-    FUZZ_SETTINGS,
     Answer,
-    Fuzzed,
     KnownBug,
     backend_of,
-    call,
-    check_answer,
     check_repro,
     describe,
-    known_answer,
-    known_bug,
+    fuzz_rpc,
     oversized_trailers,
     strings_in,
 )
@@ -800,25 +794,18 @@ def test_fuzzed_requests_answer_clearly_and_rejections_write_nothing(
     backend = backend_of(database_url)
     method = SERVICE.methods_by_name[rpc]
     with session_server(loop_thread, database_url) as service:
-        strategy = REQUESTS[rpc](seed(service.stub))
-
-        @FUZZ_SETTINGS
-        @given(fuzzed=strategy.map(Fuzzed))
-        def fuzz(fuzzed: Fuzzed) -> None:
-            sent = fuzzed.message
-            if known_bug(BUGS, rpc, sent, backend) is not None:
-                reject()  # shown by test_known_bug instead
-            before = rows(service)
-            answer = call(service.stub, method, sent)
-            if answer.error is not None or rpc in READ_ONLY:
-                check_nothing_written(rpc, sent, answer, before, rows(service))
-            if known_answer(BUGS, rpc, answer) is not None:
-                return  # shown by test_known_bug instead
-            check_answer(rpc, sent, answer)
-            if answer.response is not None:
-                assert not accepted_problems(rpc, answer.response), describe(sent)
-
-        fuzz()
+        fuzz_rpc(
+            service.stub,
+            rpc,
+            method,
+            REQUESTS[rpc](seed(service.stub)),
+            bugs=BUGS,
+            backend=backend,
+            read_only=READ_ONLY,
+            snapshot=lambda: rows(service),
+            nothing_written=check_nothing_written,
+            accepted_problems=accepted_problems,
+        )
 
 
 @pytest.mark.parametrize("bug", BUGS, ids=lambda bug: bug.name)
