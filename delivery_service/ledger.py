@@ -135,6 +135,10 @@ class Ledger:
         validation.text("message_ref", new.message_ref, max_len=256)
         if not new.content:
             raise InvalidArgument("content", "is required")
+        if "\x00" in new.content:
+            # PostgreSQL text cannot hold NUL; refused on SQLite too, so that moving
+            # from one backend to the other never changes what a gateway may record.
+            raise InvalidArgument("content", "contains NUL characters; remove them")
         size = len(new.content.encode("utf-8", "replace"))
         if size > self.limits.max_content_bytes:
             raise InvalidArgument(
@@ -311,8 +315,9 @@ class Ledger:
 
         def op() -> Page:
             rows = self.store.list_page(where, after, size + 1)
-            more = len(rows) > size
-            rows = rows[:size]
+            kept = min(size, pagination.fitting(row.answer_bytes() for row in rows))
+            more = len(rows) > kept
+            rows = rows[:kept]
             token = pagination.encode([rows[-1].created_at, rows[-1].id], filters) if more else ""
             return Page(rows, token)
 

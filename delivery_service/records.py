@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from delivery_service.state_machine import State
 
+#: What an obligation takes in an answer beyond its content, metadata and error
+#: (ids, chat, times, ...), generously: sizes only bound how many rows one answer holds.
+ROW_OVERHEAD_BYTES = 2048
+
 
 def compute_obligation_id(session_key: str, message_ref: str, content: str) -> str:
     """Stable id: the same reply to the same turn records once; distinct
@@ -59,6 +63,11 @@ class Obligation:
     updated_at: float
     next_attempt_at: float | None
     delivered_at: float | None
+
+    def answer_bytes(self) -> int:
+        """About what the row takes in an answer: its longest texts and a fixed rest."""
+        texts = (self.content, self.last_error, *self.metadata.keys(), *self.metadata.values())
+        return ROW_OVERHEAD_BYTES + sum(len(text.encode()) for text in texts)
 
 
 @dataclass(frozen=True)

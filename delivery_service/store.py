@@ -17,6 +17,7 @@ import peewee
 from peewee import SQL, fn
 
 from delivery_service.records import (
+    ROW_OVERHEAD_BYTES,
     Holder,
     Instance,
     LedgerStats,
@@ -25,7 +26,8 @@ from delivery_service.records import (
     ObligationFilter,
 )
 from delivery_service.state_machine import OWED, TERMINAL, LedgerLimits, State
-from switchboard.database import Backend, bind_model
+from switchboard import pagination
+from switchboard.database import Backend, bind_model, tuples
 
 
 class InstanceRow(peewee.Model):
@@ -316,15 +318,26 @@ class LedgerStore:
         if not deliverable:
             return []
         obl = self.Obligation
+        size = self._octets(obl.content) + self._octets(obl.metadata) + ROW_OVERHEAD_BYTES
         query = (
-            obl.select(obl.id, obl.state, obl.fence)
+            obl.select(obl.id, obl.state, obl.fence, size.alias("size"))
             .where(self._recoverable(now) & obl.platform.in_(list(deliverable)))
             .order_by(obl.session_key, obl.created_at, obl.id)
             .limit(limit)
         )
         if self.backend.skip_locked:
             query = query.for_update(skip_locked=True)
-        return [(row.id, row.state, row.fence) for row in query]
+        rows = tuples(query)
+        # Claim no more than one answer can carry: a claimed row the claimer never
+        # read would sit ATTEMPTING under it until its lease ends.
+        kept = pagination.fitting(int(size) for *_, size in rows)
+        return [(row_id, state, int(fence)) for row_id, state, fence, _ in rows[:kept]]
+
+    def _octets(self, column: peewee.Field) -> Any:
+        """A text column's length in bytes (SQLite's LENGTH counts characters)."""
+        if isinstance(self.backend.database, peewee.SqliteDatabase):
+            return fn.LENGTH(column.cast("BLOB"))
+        return fn.OCTET_LENGTH(column)
 
     def claim(
         self, now: float, candidates: Sequence[tuple[str, str, int]], instance_id: str

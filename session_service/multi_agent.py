@@ -107,9 +107,7 @@ class MultiAgent:
     ) -> pb.Session:
         agent_name("agent", agent)
         checked_session_id(session_id)
-        for index, rule in enumerate(narrowing.rules):
-            if rule.effect not in (pb.PERMISSION_EFFECT_ALLOW, pb.PERMISSION_EFFECT_DENY):
-                raise InvalidArgument(f"narrowing.rules[{index}].effect", "must be ALLOW or DENY")
+        permissions.checked_rules("narrowing.rules", narrowing.rules)
 
         def op(now: float) -> pb.Session:
             self.sessions.live_agent(agent)

@@ -16,9 +16,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
+from switchboard import validation
+from switchboard.errors import InvalidArgument
 from switchboard.session.v1 import session_service_pb2 as pb
 
 WORKSPACE = "workspace:"
+MAX_RULES = 1000
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,17 @@ class Decision:
     #: Which rule decided: "agent[2]", "narrowing[0][1]", "peers", or "" for none.
     rule: str
     reason: str
+
+
+def checked_rules(field: str, rules: Sequence[pb.PermissionRule]) -> None:
+    """Rules as an agent's permissions or a session's narrowing may hold them."""
+    if len(rules) > MAX_RULES:
+        raise InvalidArgument(field, f"has {len(rules)} rules; the limit is {MAX_RULES}")
+    for index, rule in enumerate(rules):
+        if rule.effect not in (pb.PERMISSION_EFFECT_ALLOW, pb.PERMISSION_EFFECT_DENY):
+            raise InvalidArgument(f"{field}[{index}].effect", "must be ALLOW or DENY")
+        validation.text(f"{field}[{index}].action", rule.action, max_len=256, required=True)
+        validation.text(f"{field}[{index}].resource", rule.resource, max_len=1024)
 
 
 def peer_rules(peers: Sequence[str]) -> list[pb.PermissionRule]:

@@ -20,6 +20,8 @@ from switchboard.errors import InvalidArgument
 from switchboard.session.v1 import session_service_pb2 as pb
 
 NON_CHAT_TRANSPORTS = frozenset({"web", "cron", "repl", "peer"})
+#: The routing key column's width (and the ledger's session_key limit).
+MAX_ROUTING_KEY_LEN = 512
 
 _CHAT_TYPE_NAMES = {
     pb.CHAT_TYPE_DM: "dm",
@@ -80,7 +82,7 @@ def routing_key(agent: str, source: pb.Source, policy: pb.RoutingPolicy) -> str:
     if source.chat_type == pb.CHAT_TYPE_DM:
         owner = source.chat_id or source.user_id
         parts += [part for part in (owner, source.thread_id) if part]
-        return ":".join(parts)
+        return _bounded(":".join(parts))
     if source.chat_id:
         parts.append(source.chat_id)
     if source.thread_id:
@@ -90,4 +92,16 @@ def routing_key(agent: str, source: pb.Source, policy: pb.RoutingPolicy) -> str:
     )
     if per_user and source.user_id:
         parts.append(source.user_id)
-    return ":".join(parts)
+    return _bounded(":".join(parts))
+
+
+def _bounded(key: str) -> str:
+    # Each id is bounded on its own; together they can still outgrow what a key may be.
+    if len(key) > MAX_ROUTING_KEY_LEN:
+        raise InvalidArgument(
+            "source",
+            f"gives a routing key of {len(key)} characters; the limit is {MAX_ROUTING_KEY_LEN}: "
+            "shorten scope_id, chat_id, thread_id or user_id",
+            reason="ROUTING_KEY_TOO_LONG",
+        )
+    return key

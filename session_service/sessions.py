@@ -40,6 +40,9 @@ from switchboard.session.v1 import session_service_pb2 as pb
 _AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 MAX_EVENTS_PER_APPEND = 100
+#: An agent travels whole in GetAgent, PutMemory and GetSessionState answers; kept well
+#: below gRPC's default 4 MiB receive limit so that every client can still read it.
+MAX_AGENT_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -115,18 +118,27 @@ class Sessions:
         agent_name("agent.name", agent.name)
         validation.text("agent.display_name", agent.display_name, max_len=256)
         validation.text("agent.workspace_root", agent.workspace_root, max_len=1024)
-        for index, rule in enumerate(agent.permissions):
-            if rule.effect not in (pb.PERMISSION_EFFECT_ALLOW, pb.PERMISSION_EFFECT_DENY):
-                raise InvalidArgument(f"agent.permissions[{index}].effect", "must be ALLOW or DENY")
-            validation.text(
-                f"agent.permissions[{index}].action", rule.action, max_len=256, required=True
-            )
-            validation.text(f"agent.permissions[{index}].resource", rule.resource, max_len=1024)
+        permissions.checked_rules("agent.permissions", agent.permissions)
         for index, peer in enumerate(agent.peers):
             agent_name(f"agent.peers[{index}]", peer)
         if agent.parent:
             agent_name("agent.parent", agent.parent)
         validation.string_map("agent.memory", agent.memory, max_entries=1000)
+        if agent.ByteSize() > MAX_AGENT_BYTES:
+            raise InvalidArgument(
+                "agent", f"is {agent.ByteSize()} bytes encoded; the limit is {MAX_AGENT_BYTES}"
+            )
+
+    def _refuse_growth_past_limit(self, agent: pb.Agent, event: pb.Event) -> None:
+        grown = pb.Agent()
+        grown.CopyFrom(agent)
+        replay.apply_to_agent(grown, event)
+        if grown.ByteSize() > MAX_AGENT_BYTES:
+            raise FailedPrecondition(
+                "AGENT_TOO_LARGE",
+                f"agent {agent.name!r} would be {grown.ByteSize()} bytes encoded; the limit is "
+                f"{MAX_AGENT_BYTES}: delete memory entries (DeleteMemory) to make room",
+            )
 
     # == the log ===========================================================================
 
@@ -312,10 +324,11 @@ class Sessions:
         self._checked_agent(agent)
 
         def op(now: float) -> pb.Agent:
-            self.live_agent(agent.name)
             update = pb.AgentUpdated(update_mask=mask)
             update.agent.CopyFrom(agent)
-            self.log(now, [pb.Event(agent=agent.name, agent_updated=update)])
+            event = pb.Event(agent=agent.name, agent_updated=update)
+            self._refuse_growth_past_limit(self.live_agent(agent.name), event)
+            self.log(now, [event])
             return self.live_agent(agent.name)
 
         result: pb.Agent = await self.write(op)
@@ -362,6 +375,7 @@ class Sessions:
                     raise PermissionDenied(
                         "PERMISSION_DENIED", f"memory.write on {key!r}: {decision.reason}"
                     )
+            self._refuse_growth_past_limit(agent, event)
             self.log(now, [event])
             return self.live_agent(name)
 
@@ -653,6 +667,10 @@ class Sessions:
         def op() -> list[pb.QueuedMessage]:
             self.session_of(agent, session_id)
             events = self.store.history(session_id, after, size, newest, include_abandoned)
+            # Fewer messages when they would not fit one answer: the oldest are left
+            # out of a newest page, the newest out of a page read forwards.
+            kept = pagination.fitting(e.ByteSize() for e in (events[::-1] if newest else events))
+            events = events[len(events) - kept :] if newest else events[:kept]
             timeline = self.store.timeline()
             return [
                 pb.QueuedMessage(

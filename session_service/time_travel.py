@@ -27,6 +27,12 @@ from switchboard.session.v1 import session_service_pb2 as pb
 _LABEL = re.compile(r"[\w.:-]{1,128}", re.ASCII)
 
 
+def _checked_label(field: str, label: str) -> str:
+    if not _LABEL.fullmatch(label):
+        raise InvalidArgument(field, "must be 1-128 letters, digits, '_', '.', ':' or '-'")
+    return label
+
+
 def _checkpoint_pb(label: str, seq: int, created_at: float) -> pb.Checkpoint:
     return pb.Checkpoint(label=label, sequence=seq, create_time=timestamp(created_at))
 
@@ -39,8 +45,7 @@ class TimeTravel:
     # -- checkpoints ------------------------------------------------------------------------
 
     async def create_checkpoint(self, label: str) -> pb.Checkpoint:
-        if not _LABEL.fullmatch(label):
-            raise InvalidArgument("label", "must be 1-128 letters, digits, '_', '.', ':' or '-'")
+        _checked_label("label", label)
 
         def op(now: float) -> pb.Checkpoint:
             head = self.store.head()
@@ -60,6 +65,8 @@ class TimeTravel:
     async def rewind(self, sequence: int | None, checkpoint: str) -> pb.Event:
         if sequence is None and not checkpoint:
             raise InvalidArgument("target", "give a sequence or a checkpoint label")
+        if checkpoint:
+            _checked_label("checkpoint", checkpoint)
 
         def op(now: float) -> pb.Event:
             target = sequence

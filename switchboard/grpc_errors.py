@@ -20,6 +20,11 @@ from grpc_status import rpc_status
 from switchboard import errors
 
 ERROR_DOMAIN = "switchboard"
+# gRPC refuses trailers over 16 KiB, and a status travels twice in them (grpc-message,
+# percent-encoded up to 3x, and grpc-status-details-bin); messages that quote request
+# text are cut well below that, or the caller gets RESOURCE_EXHAUSTED instead.
+MAX_MESSAGE_BYTES = 1024
+MAX_METADATA_BYTES = 256
 
 log = logging.getLogger(__name__)
 
@@ -48,23 +53,33 @@ def _packed(message: Any) -> any_pb2.Any:
     return packed
 
 
+def bounded(text: str, max_bytes: int) -> str:
+    """`text` cut to at most about `max_bytes` of UTF-8, saying how much was left out."""
+    encoded = text.encode()
+    if len(encoded) <= max_bytes:
+        return text
+    kept = encoded[:max_bytes].decode(errors="ignore")
+    return f"{kept}... ({len(text) - len(kept)} more characters)"
+
+
 def rich_status(error: errors.DomainError) -> grpc.Status:
     code = status_code_of(error)
+    message = bounded(error.message, MAX_MESSAGE_BYTES)
+    metadata = {
+        bounded(key, MAX_METADATA_BYTES): bounded(value, MAX_METADATA_BYTES)
+        for key, value in error.metadata.items()
+    }
     details = [
         _packed(
-            error_details_pb2.ErrorInfo(
-                reason=error.reason, domain=ERROR_DOMAIN, metadata=error.metadata
-            )
+            error_details_pb2.ErrorInfo(reason=error.reason, domain=ERROR_DOMAIN, metadata=metadata)
         )
     ]
     if isinstance(error, errors.InvalidArgument):
         violation = error_details_pb2.BadRequest.FieldViolation(
-            field=error.field, description=error.message
+            field=bounded(error.field, MAX_METADATA_BYTES), description=message
         )
         details.append(_packed(error_details_pb2.BadRequest(field_violations=[violation])))
-    status = status_pb2.Status(
-        code=getattr(code_pb2, code.name), message=error.message, details=details
-    )
+    status = status_pb2.Status(code=getattr(code_pb2, code.name), message=message, details=details)
     converted: grpc.Status = rpc_status.to_status(status)
     return converted
 

@@ -12,12 +12,16 @@ import binascii
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from switchboard.errors import InvalidArgument
 
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+#: Pages and claim batches stay below gRPC's default 4 MiB receive limit, whatever
+#: their size in rows: a client must be able to read every answer it asks for.
+MAX_ANSWER_BYTES = 3 * 1024 * 1024
 
 
 def page_size(requested: int) -> int:
@@ -25,6 +29,17 @@ def page_size(requested: int) -> int:
     if requested < 0:
         raise InvalidArgument("page_size", "must not be negative")
     return min(requested or DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE)
+
+
+def fitting(sizes: Iterable[int], budget: int = MAX_ANSWER_BYTES) -> int:
+    """How many leading items fit in `budget` bytes; never none, so paging moves on."""
+    total = count = 0
+    for size in sizes:
+        total += size
+        if total > budget and count:
+            break
+        count += 1
+    return count
 
 
 def fingerprint(filters: Any) -> str:

@@ -184,15 +184,18 @@ def check_answer(rpc: str, request: Message, answer: Answer) -> None:
 
 @dataclass(frozen=True)
 class KnownBug:
-    """A server bug the fuzzer found. Requests it matches are left out of the fuzz
-    runs (so the suite stays green) and `repro` shows it as a strict xfail."""
+    """A server bug the fuzzer found. While open, requests it matches are left out of
+    the fuzz runs (so the suite stays green) and `repro` shows it as a strict xfail;
+    once fixed, `repro` is a regression test and the fuzz runs leave nothing out."""
 
     name: str
     rpc: str
-    #: What goes wrong and what is expected instead.
+    #: What went wrong and what is expected instead.
     reason: str
-    #: The backends on which `repro` shows the bug.
+    #: The backends on which `repro` showed the bug.
     backends: tuple[str, ...]
+    #: Whether the bug is fixed.
+    fixed: bool
     #: Whether a fuzzed request (on a backend) hits this bug, known from the request.
     matches: Callable[[str, Message, str], bool] | None
     #: The minimal reproducing request, given the seeded state.
@@ -212,7 +215,12 @@ class KnownBug:
 def known_bug(bugs: Sequence[KnownBug], rpc: str, request: Message, backend: str) -> str | None:
     """The known bug a request would hit, judged from the request."""
     for bug in bugs:
-        if bug.matches is not None and bug.reaches(rpc) and bug.matches(rpc, request, backend):
+        if (
+            not bug.fixed
+            and bug.matches is not None
+            and bug.reaches(rpc)
+            and bug.matches(rpc, request, backend)
+        ):
             return bug.name
     return None
 
@@ -220,20 +228,9 @@ def known_bug(bugs: Sequence[KnownBug], rpc: str, request: Message, backend: str
 def known_answer(bugs: Sequence[KnownBug], rpc: str, answer: Answer) -> str | None:
     """The known bug an answer shows, judged from the answer."""
     for bug in bugs:
-        if bug.shows is not None and bug.reaches(rpc) and bug.shows(answer):
+        if not bug.fixed and bug.shows is not None and bug.reaches(rpc) and bug.shows(answer):
             return bug.name
     return None
-
-
-def oversized_trailers(answer: Answer) -> bool:
-    """The status did not fit gRPC's metadata limit: the client got RESOURCE_EXHAUSTED
-    ("received metadata size exceeds ...") instead of the server's error."""
-    error = answer.error
-    return (
-        error is not None
-        and error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        and "metadata size exceeds" in (error.details() or "")
-    )
 
 
 def check_repro(bug: KnownBug, stub: Any, method: MethodDescriptor, request: Message) -> None:

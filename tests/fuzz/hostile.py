@@ -400,21 +400,6 @@ def token_payload(token: str) -> Any:
         return None
 
 
-def token_too_deep(token: str) -> bool:
-    """A token whose JSON nests deeper than a recursive decoder can follow."""
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-    except (binascii.Error, ValueError):
-        return False
-    try:
-        json.loads(raw)
-    except RecursionError:
-        return True
-    except ValueError:
-        return False
-    return False
-
-
 def json_values() -> S[Any]:
     scalars = st.one_of(
         st.none(),
@@ -473,25 +458,6 @@ def page_token(issued: Sequence[str], foreign: Sequence[str] = ()) -> Field:
             ),
         ]
     return Field(good, st.one_of(options))
-
-
-def int_or_none(value: Any) -> int | None:
-    """`int(value)` the way a server decoding a tampered position would, or None if it fails."""
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
-def float_overflows(value: Any) -> bool:
-    """Whether `float(value)` raises OverflowError (an int beyond the float range)."""
-    try:
-        float(value)
-    except OverflowError:
-        return True
-    except (TypeError, ValueError):
-        return False
-    return False
 
 
 def union(*fields: Field) -> Field:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import grpc
 import pytest
 from google.protobuf.message import Message
 from hypothesis import strategies as st
@@ -28,7 +29,6 @@ from tests.fuzz.checks import (
     check_repro,
     describe,
     fuzz_rpc,
-    strings_in,
 )
 from tests.fuzz.hostile import (
     Field,
@@ -36,7 +36,6 @@ from tests.fuzz.hostile import (
     duration,
     empty_request,
     enum,
-    float_overflows,
     int64,
     message,
     message_of,
@@ -46,8 +45,6 @@ from tests.fuzz.hostile import (
     string_list,
     string_map,
     text,
-    token_payload,
-    token_too_deep,
     uint32,
     uint64,
 )
@@ -319,35 +316,6 @@ def check_nothing_written(
 
 # -- known server bugs ------------------------------------------------------------------------
 
-_PLATFORM_FIELDS: Final = frozenset({"platform", "platforms"})
-_STORING_PLATFORMS: Final = ("RecordObligation", "RegisterInstance", "Heartbeat")
-
-
-def _platform_newline(rpc: str, request: Message, backend: str) -> bool:
-    return any(
-        name in _PLATFORM_FIELDS and value.endswith("\n") for name, value in strings_in(request)
-    )
-
-
-def _content_nul(rpc: str, request: Message, backend: str) -> bool:
-    return (
-        backend == "postgres"
-        and isinstance(request, pb.RecordObligationRequest)
-        and "\x00" in request.content
-    )
-
-
-def _position_overflows(rpc: str, request: Message, backend: str) -> bool:
-    payload = token_payload(str(getattr(request, "page_token", "")))
-    if not isinstance(payload, dict) or not isinstance(payload.get("p"), list):
-        return False
-    return bool(payload["p"]) and float_overflows(payload["p"][0])
-
-
-def _deep_token(rpc: str, request: Message, backend: str) -> bool:
-    return token_too_deep(str(getattr(request, "page_token", "")))
-
-
 BUGS: Final = (
     KnownBug(
         name="content-nul-on-postgres",
@@ -356,7 +324,8 @@ BUGS: Final = (
         "the text column and fails with INTERNAL ('A string literal cannot contain NUL'); "
         "expected the row (as on SQLite) or INVALID_ARGUMENT content",
         backends=("postgres",),
-        matches=_content_nul,
+        fixed=True,
+        matches=None,
         repro=lambda seed: pb.RecordObligationRequest(
             instance_id=seed.instance_id,
             session_key=SESSION_KEY,
@@ -364,6 +333,7 @@ BUGS: Final = (
             platform="slack",
             chat_id="C1",
         ),
+        expected=grpc.StatusCode.INVALID_ARGUMENT,
     ),
 )
 
@@ -403,8 +373,9 @@ def test_known_bug(
     loop_thread: EventLoopThread,
     request: pytest.FixtureRequest,
 ) -> None:
-    """Each server bug the fuzzer found, reproduced minimally (strict xfail where it shows)."""
-    if backend_of(database_url) in bug.backends:
+    """Each server bug the fuzzer found, reproduced minimally: a strict xfail where it
+    shows while open, a regression test once fixed."""
+    if not bug.fixed and backend_of(database_url) in bug.backends:
         request.applymarker(pytest.mark.xfail(strict=True, reason=bug.reason))
     with delivery_server(loop_thread, database_url) as delivery:
         repro = bug.repro(seed(delivery.stub))

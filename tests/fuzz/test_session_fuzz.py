@@ -29,8 +29,6 @@ from tests.fuzz.checks import (
     check_repro,
     describe,
     fuzz_rpc,
-    oversized_trailers,
-    strings_in,
 )
 from tests.fuzz.hostile import (
     OMIT,
@@ -40,7 +38,6 @@ from tests.fuzz.hostile import (
     empty_request,
     enum,
     fixed,
-    int_or_none,
     message,
     message_of,
     optional,
@@ -50,8 +47,6 @@ from tests.fuzz.hostile import (
     string_list,
     string_map,
     text,
-    token_payload,
-    token_too_deep,
     uint32,
     uint64,
     union,
@@ -615,68 +610,6 @@ def check_nothing_written(
 # -- known server bugs ------------------------------------------------------------------------
 
 
-#: Fields checked against a regex (names, ids, labels, transports) that a request
-#: can get stored: with a trailing newline they pass (see BUGS).
-_NAME_FIELDS: Final = frozenset({"name", "peers", "parent", "session_id", "label", "transport"})
-
-
-def _trailing_newline(rpc: str, request: Message, backend: str) -> bool:
-    return any(name in _NAME_FIELDS and value.endswith("\n") for name, value in strings_in(request))
-
-
-_NON_CHAT = {"web", "cron", "repl", "peer"}
-
-
-def _chat_key_too_long(rpc: str, request: Message, backend: str) -> bool:
-    if backend != "postgres":
-        return False
-    if isinstance(request, pb.ResolveSessionRequest):
-        if request.session_id or not request.HasField("source"):
-            return False
-        agent = request.agent
-    elif isinstance(request, pb.SendToPeerRequest):
-        if request.WhichOneof("target") != "source":
-            return False
-        agent = request.to_agent
-    else:
-        return False
-    source = request.source
-    if source.transport in _NON_CHAT:
-        return False
-    ids = (source.scope_id, source.chat_id, source.thread_id, source.user_id)
-    return len(f"agent:{agent}:{source.transport}:channel") + sum(len(i) + 1 for i in ids) > 512
-
-
-def _rewind_nul(rpc: str, request: Message, backend: str) -> bool:
-    return (
-        backend == "postgres"
-        and isinstance(request, pb.RewindRequest)
-        and request.WhichOneof("target") == "checkpoint"
-        and "\x00" in request.checkpoint
-    )
-
-
-def _page_token(request: Message) -> str:
-    return str(getattr(request, "page_token", ""))
-
-
-def _sessions_position_crashes(rpc: str, request: Message, backend: str) -> bool:
-    payload = token_payload(_page_token(request))
-    if not isinstance(payload, dict) or not isinstance(payload.get("p"), list):
-        return False
-    position = payload["p"]
-    if not position:
-        return False
-    number = int_or_none(position[0])
-    if number is None:
-        return True
-    return backend == "sqlite" and not -(2**63) <= number < 2**63
-
-
-def _deep_token(rpc: str, request: Message, backend: str) -> bool:
-    return token_too_deep(_page_token(request))
-
-
 BUGS: Final = (
     KnownBug(
         name="error-message-echoes-request",
@@ -687,9 +620,8 @@ BUGS: Final = (
         "metadata size exceeds hard limit' with no ErrorInfo; expected INVALID_ARGUMENT "
         "update_mask with a cut message",
         backends=("sqlite", "postgres"),
+        fixed=True,
         matches=None,
-        shows=oversized_trailers,
-        also=("*",),
         repro=lambda seed: pb.UpdateAgentRequest(
             agent=pb.Agent(name="main"),
             update_mask=field_mask_pb2.FieldMask(paths=["\N{GRINNING FACE}" * 2000]),
@@ -704,6 +636,7 @@ BUGS: Final = (
         "and the client gets RESOURCE_EXHAUSTED without ErrorInfo; expected "
         "PERMISSION_DENIED EXCEEDS_PARENT with a cut message",
         backends=("sqlite", "postgres"),
+        fixed=True,
         matches=None,
         repro=lambda seed: pb.CreateAgentRequest(
             agent=pb.Agent(
@@ -720,6 +653,7 @@ BUGS: Final = (
         "them and the client gets RESOURCE_EXHAUSTED without ErrorInfo; expected "
         "PERMISSION_DENIED EXCEEDS_PARENT",
         backends=("sqlite", "postgres"),
+        fixed=True,
         matches=None,
         repro=lambda seed: pb.CreateAgentRequest(
             agent=pb.Agent(
@@ -743,8 +677,10 @@ BUGS: Final = (
         "NOT_FOUND message quotes the whole label, beyond gRPC's metadata limit); expected "
         "NOT_FOUND CHECKPOINT_NOT_FOUND (or INVALID_ARGUMENT for an over-long label)",
         backends=("sqlite", "postgres"),
+        fixed=True,
         matches=None,
         repro=lambda seed: pb.RewindRequest(checkpoint="a" * 20_000),
+        expected=grpc.StatusCode.INVALID_ARGUMENT,
     ),
     KnownBug(
         name="chat-routing-key-over-512",
@@ -753,7 +689,9 @@ BUGS: Final = (
         "varchar(512): on Postgres a channel source with long scope/chat/thread/user ids is "
         "INTERNAL (value too long); expected the session (as on SQLite) or INVALID_ARGUMENT",
         backends=("postgres",),
-        matches=_chat_key_too_long,
+        fixed=True,
+        matches=None,
+        expected=grpc.StatusCode.INVALID_ARGUMENT,
         repro=lambda seed: pb.ResolveSessionRequest(
             agent="main",
             source=pb.Source(
@@ -765,7 +703,6 @@ BUGS: Final = (
                 user_id="U" * 256,
             ),
         ),
-        also=("SendToPeer",),
     ),
     KnownBug(
         name="rewind-checkpoint-nul",
@@ -774,8 +711,10 @@ BUGS: Final = (
         "reaches the query and fails with INTERNAL; expected NOT_FOUND (as on SQLite) or "
         "INVALID_ARGUMENT checkpoint",
         backends=("postgres",),
-        matches=_rewind_nul,
+        fixed=True,
+        matches=None,
         repro=lambda seed: pb.RewindRequest(checkpoint="cp\x00"),
+        expected=grpc.StatusCode.INVALID_ARGUMENT,
     ),
 )
 
@@ -815,8 +754,9 @@ def test_known_bug(
     loop_thread: EventLoopThread,
     request: pytest.FixtureRequest,
 ) -> None:
-    """Each server bug the fuzzer found, reproduced minimally (strict xfail where it shows)."""
-    if backend_of(database_url) in bug.backends:
+    """Each server bug the fuzzer found, reproduced minimally: a strict xfail where it
+    shows while open, a regression test once fixed."""
+    if not bug.fixed and backend_of(database_url) in bug.backends:
         request.applymarker(pytest.mark.xfail(strict=True, reason=bug.reason))
     with session_server(loop_thread, database_url) as service:
         repro = bug.repro(seed(service.stub))

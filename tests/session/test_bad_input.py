@@ -117,6 +117,41 @@ INVALID: dict[str, tuple[Call, str]] = {
         lambda stub, _s: stub.PutMemory(pb.PutMemoryRequest(agent="main", key="", value="v")),
         "key",
     ),
+    "fork narrowing rule with a control character": (
+        lambda stub, s: stub.ForkSession(
+            pb.ForkSessionRequest(
+                agent="main",
+                session_id=s,
+                narrowing=pb.Narrowing(
+                    rules=[pb.PermissionRule(effect=pb.PERMISSION_EFFECT_ALLOW, action="a\x07")]
+                ),
+            )
+        ),
+        "narrowing.rules[0].action",
+    ),
+    "chat ids giving a routing key over 512 characters": (
+        lambda stub, _s: resolve(
+            stub,
+            transport="slack",
+            chat_type=pb.CHAT_TYPE_CHANNEL,
+            scope_id="T" * 200,
+            chat_id="C" * 200,
+            thread_id="1" * 200,
+        ),
+        "source",
+    ),
+    "rewind to a checkpoint label with NUL": (
+        lambda stub, _s: stub.Rewind(pb.RewindRequest(checkpoint="cp\x00")),
+        "checkpoint",
+    ),
+    "agent over 1 MiB": (
+        lambda stub, _s: stub.CreateAgent(
+            pb.CreateAgentRequest(
+                agent=pb.Agent(name="big", memory={f"k{i}": "v" * 4096 for i in range(300)})
+            )
+        ),
+        "agent",
+    ),
     "inbox message without role": (
         lambda stub, s: stub.PostToInbox(
             pb.PostToInboxRequest(agent="main", session_id=s, message=pb.Message(content="x"))
@@ -196,3 +231,41 @@ def test_appending_to_an_ended_session_is_failed_precondition(service: InProcess
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_details(refused.value)[0].reason == "SESSION_ENDED"
     assert _head(service) == before
+
+
+def test_an_error_quoting_huge_input_is_cut_to_fit_the_trailers(
+    service: InProcessSession,
+) -> None:
+    """gRPC refuses trailers over 16 KiB: a message quoting the request in full would
+    reach the caller as RESOURCE_EXHAUSTED without its reason."""
+    create_agent(service.stub)
+    path = "\N{GRINNING FACE}" * 5000
+    with pytest.raises(grpc.RpcError) as refused:
+        service.stub.UpdateAgent(
+            pb.UpdateAgentRequest(
+                agent=pb.Agent(name="main"), update_mask=field_mask_pb2.FieldMask(paths=[path])
+            )
+        )
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_details(refused.value)[1] == ["update_mask"]
+    message = str(refused.value.details())
+    assert message.startswith("update_mask: ")
+    assert len(message.encode()) <= 1100 and "more characters)" in message
+
+
+def test_memory_that_would_outgrow_the_agent_is_refused_and_kept_readable(
+    service: InProcessSession,
+) -> None:
+    create_agent(service.stub)
+    value = "v" * 60_000
+    puts = 0
+    with pytest.raises(grpc.RpcError) as refused:
+        for puts in range(40):
+            service.stub.PutMemory(pb.PutMemoryRequest(agent="main", key=f"k{puts}", value=value))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert error_details(refused.value)[0].reason == "AGENT_TOO_LARGE"
+    memory = service.stub.GetAgent(pb.GetAgentRequest(name="main")).agent.memory
+    assert sorted(memory) == sorted(f"k{i}" for i in range(puts))
+    # Deleting makes room again.
+    service.stub.DeleteMemory(pb.DeleteMemoryRequest(agent="main", key="k0"))
+    service.stub.PutMemory(pb.PutMemoryRequest(agent="main", key="again", value=value))
