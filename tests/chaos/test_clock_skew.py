@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NoReturn
 
 import grpc
 import pytest
@@ -55,7 +56,7 @@ def _skewed_environment(offset: str) -> dict[str, str]:
     test when libfaketime is missing or has no effect here."""
     library = _libfaketime()
     if library is None:
-        pytest.skip(
+        _cannot_skew(
             "libfaketime is not installed (apt-get install faketime), so no replica "
             "can be run with a skewed clock"
         )
@@ -74,8 +75,14 @@ def _skewed_environment(offset: str) -> dict[str, str]:
     except ValueError:
         measured = 0.0
     if abs(measured - expected) > 30:
-        pytest.skip(f"libfaketime at {library} did not skew the clock ({measured:+.0f} s)")
+        _cannot_skew(f"libfaketime at {library} did not skew the clock ({measured:+.0f} s)")
     return env
+
+
+def _cannot_skew(why: str) -> NoReturn:
+    if os.environ.get("SWITCHBOARD_REQUIRE_FAKETIME"):
+        pytest.fail(why)  # CI: .ci/run installs libfaketime
+    pytest.skip(why)
 
 
 def _duration(seconds: float) -> duration_pb2.Duration:
