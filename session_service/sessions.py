@@ -43,6 +43,11 @@ MAX_EVENTS_PER_APPEND = 100
 #: An agent travels whole in GetAgent, PutMemory and GetSessionState answers; kept well
 #: below gRPC's default 4 MiB receive limit so that every client can still read it.
 MAX_AGENT_BYTES = 1024 * 1024
+#: A session's state (inbox, outbox, task, temp state) travels whole in GetSessionState,
+#: next to its agent: together they stay below that 4 MiB too.
+MAX_SESSION_STATE_BYTES = 2 * 1024 * 1024
+#: The events that make a session's state bigger; history messages do not enter it.
+_STATE_GROWING = frozenset({"inbox_posted", "outbox_queued", "task_set", "temp_state_changed"})
 
 
 @dataclass(frozen=True)
@@ -603,6 +608,7 @@ class Sessions:
                 )
                 getattr(event, name).CopyFrom(body)
                 events.append(event)
+            self._refuse_state_growth_past_limit(session_id, events)
             logged = self.log(now, events)
             return logged, index.version + len(events)
 
@@ -646,7 +652,22 @@ class Sessions:
             session_version=index.version,  # unversioned: never conflicts with a turn
             inbox_posted=pb.InboxPosted(message=message),
         )
+        self._refuse_state_growth_past_limit(session_id, [posted])
         return self.log(now, [posted])[0]
+
+    def _refuse_state_growth_past_limit(self, session_id: str, events: Sequence[pb.Event]) -> None:
+        growth = sum(e.ByteSize() for e in events if e.WhichOneof("body") in _STATE_GROWING)
+        if not growth:
+            return  # plain history appends never read the state: the hot path stays cheap
+        state = self.store.session_state(session_id)
+        assert state is not None
+        if state.ByteSize() + growth > MAX_SESSION_STATE_BYTES:
+            raise FailedPrecondition(
+                "SESSION_STATE_TOO_LARGE",
+                f"session {session_id!r} would hold more than {MAX_SESSION_STATE_BYTES} bytes "
+                "of inbox, outbox, task and temp state: drain the inbox (inbox_drained) or "
+                "acknowledge the outbox (outbox_acked) first",
+            )
 
     # == sessions: reading =================================================================
 

@@ -92,6 +92,34 @@ def test_default_history_page_is_readable(database_url: str, loop_thread: EventL
         assert tail[-1].sequence == sequences[-1], "a newest page keeps the newest message"
 
 
+def test_session_state_cannot_outgrow_its_answer(
+    database_url: str, loop_thread: EventLoopThread
+) -> None:
+    """GetSessionState carries the whole inbox next to the agent: unanswered posts of
+    large messages are refused before it would pass 4 MiB, and draining makes room."""
+    with session_server(loop_thread, database_url) as service:
+        stub = service.stub
+        stub.CreateAgent(spb.CreateAgentRequest(agent=spb.Agent(name="main")))
+        session_id = stub.SpawnSession(spb.SpawnSessionRequest(agent="main")).session.session_id
+        message = spb.Message(role=spb.ROLE_USER, content=BIG_REPLY)
+        post = spb.PostToInboxRequest(agent="main", session_id=session_id, message=message)
+        accepted = 0
+        while _answered(stub, SESSION, "PostToInbox", post):
+            accepted += 1
+            assert accepted < 17, "the inbox outgrew what GetSessionState can answer"
+        state_request = spb.GetSessionStateRequest(agent="main", session_id=session_id)
+        assert _answered(stub, SESSION, "GetSessionState", state_request)
+        inbox = stub.GetSessionState(state_request).state.inbox
+        assert len(inbox) == accepted > 1, "every accepted post is in the inbox"
+        drained = spb.SessionEventInput(
+            inbox_drained=spb.InboxDrained(through_sequence=inbox[-1].sequence)
+        )
+        stub.AppendEvents(
+            spb.AppendEventsRequest(agent="main", session_id=session_id, events=[drained])
+        )
+        assert _answered(stub, SESSION, "PostToInbox", post), "draining made room"
+
+
 def _orphans(stub: Any, count: int) -> Gateway:
     """`count` big replies recorded by an instance that then died; a live claimer."""
     dead = Gateway(stub)
