@@ -231,13 +231,22 @@ _LISTENING = re.compile(r"(\w+Service) listening on (\S+)")
 
 
 class ServerProcess:
-    """`switchboard serve delivery` (or `session`) as a real child process."""
+    """`switchboard serve delivery` (or `session`) as a real child process, with extra
+    environment if given (e.g. libfaketime's, for a skewed clock)."""
 
-    def __init__(self, url: str, data_dir: Path, *extra: str, service: str = "delivery") -> None:
+    def __init__(
+        self,
+        url: str,
+        data_dir: Path,
+        *extra: str,
+        service: str = "delivery",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.service = service
         self.url = url
         self.data_dir = data_dir
         self.extra = extra
+        self.env = env
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
 
@@ -262,6 +271,7 @@ class ServerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            env=None if self.env is None else {**os.environ, **self.env},
         )
         deadline = time.monotonic() + timeout_s
         assert self.process.stdout is not None
@@ -274,6 +284,7 @@ class ServerProcess:
                 self.address = match.group(2)
                 threading.Thread(target=self._drain_output, daemon=True).start()
                 return self.address
+        self.stop_quietly()
         raise RuntimeError(f"server did not start (exit code {self.process.poll()})")
 
     def _drain_output(self) -> None:

@@ -13,7 +13,6 @@ import os
 import random
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +25,7 @@ import psycopg2
 import pytest
 
 from switchboard.session.v1 import session_service_pb2 as spb
-from tests.harness import _LISTENING, ServerProcess
+from tests.harness import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = max(1, int(os.environ.get("SWITCHBOARD_CHAOS_ROUNDS", "2")))
@@ -73,60 +72,6 @@ def is_sqlite(url: str) -> bool:
 # -- server processes ------------------------------------------------------------------------
 
 
-class ChaosServer(ServerProcess):
-    """A `ServerProcess` that can run with extra environment (e.g. libfaketime)."""
-
-    def __init__(
-        self,
-        url: str,
-        data_dir: Path,
-        *extra: str,
-        service: str = "delivery",
-        env: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(url, data_dir, *extra, service=service)
-        self.env = env
-
-    def start(self, timeout_s: float = 30.0) -> str:
-        if self.env is None:
-            return super().start(timeout_s)
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "switchboard",
-                "serve",
-                self.service,
-                f"--{self.service}-listen",
-                "127.0.0.1:0",
-                f"--{self.service}-database-url",
-                self.url,
-                "--data-dir",
-                str(self.data_dir),
-                "--drain-grace",
-                "5",
-                *self.extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, **self.env},
-        )
-        deadline = time.monotonic() + timeout_s
-        assert self.process.stdout is not None
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if not line:
-                break
-            match = _LISTENING.search(line)
-            if match:
-                self.address = match.group(2)
-                threading.Thread(target=self._drain_output, daemon=True).start()
-                return self.address
-        self.stop_quietly()
-        raise RuntimeError(f"server did not start (exit code {self.process.poll()})")
-
-
 class Processes:
     """Every server and child process a test starts; all are killed at teardown."""
 
@@ -137,9 +82,9 @@ class Processes:
 
     def server(
         self, url: str, *extra: str, service: str = "delivery", env: dict[str, str] | None = None
-    ) -> ChaosServer:
+    ) -> ServerProcess:
         """Starts `switchboard serve SERVICE` on `url`; returns it (address in `.address`)."""
-        server = ChaosServer(url, self.data_dir, *extra, service=service, env=env)
+        server = ServerProcess(url, self.data_dir, *extra, service=service, env=env)
         self.servers.append(server)
         server.start()
         return server

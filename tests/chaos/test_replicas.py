@@ -35,7 +35,6 @@ from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
 from tests.chaos.common import (
     DEADLINE,
     ROUNDS,
-    ChaosServer,
     Processes,
     assert_gap_free,
     join_all,
@@ -45,6 +44,7 @@ from tests.chaos.common import (
     sql,
     wait_for,
 )
+from tests.harness import ServerProcess
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, DEADLINE, pytest.mark.postgres]
 
@@ -60,7 +60,7 @@ TIMEOUT_S = 10.0
 
 @dataclass
 class Replica:
-    server: ChaosServer
+    server: ServerProcess
     channel: grpc.Channel
 
     def close(self) -> None:

@@ -32,7 +32,6 @@ from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
 from tests.chaos.common import (
     DEADLINE,
     ROUNDS,
-    ChaosServer,
     Processes,
     assert_gap_free,
     channel_to,
@@ -43,6 +42,7 @@ from tests.chaos.common import (
     sqlite_integrity,
     wait_for,
 )
+from tests.harness import ServerProcess
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, DEADLINE]
 
@@ -51,7 +51,7 @@ CALL_TIMEOUT_S = 10.0
 
 
 def _kill_after_random_load(
-    server: ChaosServer, rng: random.Random, acks: Callable[[], int]
+    server: ServerProcess, rng: random.Random, acks: Callable[[], int]
 ) -> None:
     """Lets the load run a random while (at least a few acknowledged calls), then SIGKILLs."""
     start = acks()
