@@ -149,7 +149,7 @@ def test_a_turn_delivered_before_the_crash_is_not_sent_again(
 
 
 def test_a_booting_gateway_does_not_rerun_a_live_gateways_turn(clients: Clients) -> None:
-    """Before the fix: the booting gateway re-ran the turn in resume_interrupted (the
+    """Before d11aa91: the booting gateway re-ran the turn in resume_interrupted (the
     mark did not say whose turn it was), and the user got two replies."""
     thinking, answer_now = threading.Event(), threading.Event()
 
@@ -235,7 +235,7 @@ class Boom(Exception):
 def test_a_failing_resumed_turn_neither_stops_the_boot_nor_the_other_resumes(
     clients: Clients,
 ) -> None:
-    """Before the fix: the agent's exception escaped Gateway.start(), so the gateway did
+    """Before d11aa91: the agent's exception escaped Gateway.start(), so the gateway did
     not start, and the interrupted sessions after the failing one were not resumed."""
     dead = clients.ledger.register("gw", ["loopback"])
     clients.ledger.deregister(dead.instance_id)  # it died mid-turn in both chats
