@@ -128,6 +128,19 @@ class Ledger:
 
         return await self.runner.write(op)
 
+    async def get_instance(self, instance_id: str) -> tuple[Instance, bool]:
+        """The instance and whether it is live now, on the database's clock (as the
+        lease checks of every other call judge it)."""
+        _instance_id(instance_id)
+
+        def op() -> tuple[Instance, bool]:
+            instance = self.store.get_instance(instance_id)
+            if instance is None:
+                raise NotFound("INSTANCE_NOT_FOUND", f"instance {instance_id!r} is not registered")
+            return instance, instance.live_at(self.runner.backend.now())
+
+        return await self.runner.read(op)
+
     # -- the send path --------------------------------------------------------------------
 
     def _validated(self, new: NewObligation) -> NewObligation:

@@ -28,8 +28,9 @@ _STATE_TO_PB = {
 _STATE_FROM_PB = {value: state for state, value in _STATE_TO_PB.items()}
 
 
-def instance_pb(instance: Instance) -> pb.Instance:
-    """An instance as these RPCs just left it: live unless it deregistered."""
+def instance_pb(instance: Instance, live: bool | None = None) -> pb.Instance:
+    """An instance; `live` None means as a register or heartbeat just left it: live
+    unless it deregistered."""
     return pb.Instance(
         instance_id=instance.id,
         gateway_name=instance.gateway_name,
@@ -40,7 +41,7 @@ def instance_pb(instance: Instance) -> pb.Instance:
         heartbeat_time=timestamp(instance.heartbeat_at),
         lease_expire_time=timestamp(instance.lease_expires_at),
         deregister_time=timestamp(instance.deregistered_at),
-        live=instance.deregistered_at is None,
+        live=instance.deregistered_at is None if live is None else live,
     )
 
 
@@ -100,6 +101,12 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
     ) -> pb.DeregisterInstanceResponse:
         instance = await self.ledger.deregister(request.instance_id)
         return pb.DeregisterInstanceResponse(instance=instance_pb(instance))
+
+    async def GetInstance(  # noqa: N802
+        self, request: pb.GetInstanceRequest, context: Context
+    ) -> pb.GetInstanceResponse:
+        instance, live = await self.ledger.get_instance(request.instance_id)
+        return pb.GetInstanceResponse(instance=instance_pb(instance, live))
 
     async def RecordObligation(  # noqa: N802
         self, request: pb.RecordObligationRequest, context: Context

@@ -12,15 +12,25 @@ from __future__ import annotations
 
 from session_service.freshness import EXPIRED, is_stale
 from session_service.sessions import Sessions, agent_name, checked_session_id
+from switchboard import validation
 from switchboard.session.v1 import session_service_pb2 as pb
+
+#: Longest resume-mark holder id (the reference gateway's instance ids are 32 characters).
+MAX_HOLDER_LEN = 128
 
 
 class Continuity:
     def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
 
-    async def mark(self, agent: str, session_id: str, pending: bool) -> pb.Session:
-        event = pb.Event(resume_marked=pb.ResumeMarked(pending=pending))
+    async def mark(
+        self, agent: str, session_id: str, pending: bool, holder: str = ""
+    ) -> pb.Session:
+        # Checked even when clearing, so a request is refused or accepted as a whole;
+        # a cleared mark has no holder.
+        validation.path_safe_id("holder", holder, max_len=MAX_HOLDER_LEN, required=False)
+        marked = pb.ResumeMarked(pending=pending, holder=holder if pending else "")
+        event = pb.Event(resume_marked=marked)
         return await self._change(agent, session_id, event, versioned=False)
 
     async def suspend(self, agent: str, session_id: str, suspended: bool) -> pb.Session:

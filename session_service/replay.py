@@ -62,6 +62,7 @@ def apply_to_session(state: pb.SessionState, event: pb.Event) -> None:
         pass  # an audit record: it changes nothing
     elif body == "resume_marked":
         session.resume_pending = event.resume_marked.pending
+        session.resume_holder = event.resume_marked.holder if event.resume_marked.pending else ""
         if event.resume_marked.pending:
             session.resume_marked_time.CopyFrom(event.time)
         else:

@@ -229,7 +229,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def MarkResumable(  # noqa: N802
         self, request: pb.MarkResumableRequest, context: Context
     ) -> pb.MarkResumableResponse:
-        session = await self.continuity.mark(request.agent, request.session_id, request.pending)
+        session = await self.continuity.mark(
+            request.agent, request.session_id, request.pending, request.holder
+        )
         return pb.MarkResumableResponse(session=session)
 
     async def SuspendSession(  # noqa: N802

@@ -8,6 +8,7 @@ regression test too.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from switchboard_client import DeliveryClient, SessionClient
 from switchboard_client.gateway import Gateway, Inbound, Turn
 from switchboard_client.loopback import LoopbackPlatform
 
+from delivery_service.state_machine import LedgerLimits
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import EventLoopThread, delivery_server, session_server
@@ -24,6 +26,8 @@ from tests.harness import EventLoopThread, delivery_server, session_server
 pytestmark = [pytest.mark.chaos]
 
 DM = pb.Source(transport="loopback", chat_type=pb.CHAT_TYPE_DM, chat_id="chat-1", user_id="u1")
+#: A crashed gateway is dead this long after its last heartbeat; live ones beat every 0.2 s.
+LEASE_TTL_S = 1.0
 
 
 class ProcessDied(Exception):
@@ -72,14 +76,35 @@ class Clients:
 
 @pytest.fixture
 def clients(database_url: str, loop_thread: EventLoopThread) -> Iterator[Clients]:
+    limits = LedgerLimits(lease_ttl_s=LEASE_TTL_S)
     with (
         session_server(loop_thread, database_url) as session,
-        delivery_server(loop_thread, database_url) as delivery,
+        delivery_server(loop_thread, database_url, limits) as delivery,
         SessionClient(session.address) as sessions,
         DeliveryClient(delivery.address) as ledger,
     ):
         sessions.create_agent("main")
         yield Clients(sessions, ledger, session.address)
+
+
+def _gateway(clients: Clients, platform: LoopbackPlatform, agent: Any = echo) -> Gateway:
+    return Gateway(
+        "gw", "main", clients.sessions, clients.ledger, [platform], agent,
+        heartbeat_s=0.2, claim_every_s=3600,
+    )  # fmt: skip
+
+
+def _crash(gateway: Gateway) -> None:
+    """The process is gone: no more heartbeats, and no deregistration."""
+    gateway._stop.set()
+
+
+def _wait_until_dead(ledger: DeliveryClient, instance_id: str) -> None:
+    """Until the ledger, on its own clock, says the crashed instance's lease has run out."""
+    deadline = time.monotonic() + 10 * LEASE_TTL_S
+    while ledger.instance(instance_id).live:
+        assert time.monotonic() < deadline, f"{instance_id} is still live"
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("after_append", [False, True], ids=["before-append", "after-append"])
@@ -95,19 +120,21 @@ def test_a_turn_delivered_before_the_crash_is_not_sent_again(
         ledger,
         [first_platform],
         echo,
+        heartbeat_s=0.2,
         claim_every_s=3600,
         after_append=after_append,
     )
     crashed.start()
     with pytest.raises(ProcessDied):
         crashed.handle(Inbound(DM, "hello", message_ref="m-1"))
-    crashed._stop.set()  # its threads die with it (no deregistration: it crashed)
+    _crash(crashed)
     assert [s.text for s in first_platform.sent] == ["answer to hello"]
     [row] = list(ledger.list())
     assert row.state == dpb.OBLIGATION_STATE_DELIVERED
+    _wait_until_dead(ledger, crashed.instance_id)
 
     second_platform = LoopbackPlatform()
-    restarted = Gateway("gw", "main", sessions, ledger, [second_platform], echo)
+    restarted = _gateway(clients, second_platform)
     restarted.start()  # register → claim (nothing owed) → resume fresh interrupted turns
     restarted.stop()
 
@@ -121,16 +148,9 @@ def test_a_turn_delivered_before_the_crash_is_not_sent_again(
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG (reference gateway): a gateway that boots while another, live gateway is "
-    "in the middle of a turn (e.g. waiting for the LLM) re-runs that turn in "
-    "resume_interrupted: the resume mark does not say whose turn it is or whether its "
-    "gateway is alive, so the user gets two replies",
-)
 def test_a_booting_gateway_does_not_rerun_a_live_gateways_turn(clients: Clients) -> None:
-    sessions, ledger = clients.sessions, clients.ledger
+    """Before d11aa91: the booting gateway re-ran the turn in resume_interrupted (the
+    mark did not say whose turn it was), and the user got two replies."""
     thinking, answer_now = threading.Event(), threading.Event()
 
     def slow_agent(turn: Turn) -> str:
@@ -138,24 +158,29 @@ def test_a_booting_gateway_does_not_rerun_a_live_gateways_turn(clients: Clients)
         answer_now.wait(30)  # a model call in progress
         return echo(turn)
 
-    live_platform = LoopbackPlatform()
-    live = Gateway("gw", "main", sessions, ledger, [live_platform], slow_agent, claim_every_s=3600)
+    live_platform, booting_platform = LoopbackPlatform(), LoopbackPlatform()
+    live = _gateway(clients, live_platform, slow_agent)
     live.start()
+    booting = _gateway(clients, booting_platform)
     turn = threading.Thread(target=live.handle, args=(Inbound(DM, "hello", message_ref="m-1"),))
     turn.start()
     try:
         assert thinking.wait(30)
-        booting_platform = LoopbackPlatform()
-        booting = Gateway("gw", "main", sessions, ledger, [booting_platform], echo)
+        time.sleep(2 * LEASE_TTL_S)  # a long model call: the live gateway's heartbeats go on
         booting.start()  # a second replica, a rolling deploy, a scale-up ...
-        booting.stop()
+        [session] = list(clients.sessions.list_sessions("main"))
+        assert session.resume_holder == live.instance_id
+        assert booting.deferred == {session.session_id}, "left to the live gateway"
     finally:
         answer_now.set()
         turn.join(timeout=30)
         live.stop()
+    booting.resume_deferred()  # the periodic look: the turn was finished meanwhile
+    booting.stop()
     assert [s.text for s in live_platform.sent] == ["answer to hello"]
-    # Today: ["answer to hello"]: the booting gateway answered the live gateway's turn too.
     assert [s.text for s in booting_platform.sent] == [], "the user got the reply twice"
+    assert booting.deferred == set()
+    assert not clients.sessions.get_session("main", session.session_id).resume_pending
 
 
 def test_a_message_stored_before_the_crash_is_answered_after_the_restart(
@@ -170,7 +195,7 @@ def test_a_message_stored_before_the_crash_is_answered_after_the_restart(
     crashed_sessions = SessionClient(clients.session_address)
     crashed = Gateway(
         "gw", "main", crashed_sessions, clients.ledger, [LoopbackPlatform()], echo,
-        claim_every_s=3600,
+        heartbeat_s=0.2, claim_every_s=3600,
     )  # fmt: skip
     crashed.start()
     post = crashed_sessions.post_to_inbox
@@ -182,13 +207,61 @@ def test_a_message_stored_before_the_crash_is_answered_after_the_restart(
     crashed_sessions.post_to_inbox = post_then_die  # type: ignore[method-assign]
     with pytest.raises(ProcessDied):
         crashed.handle(Inbound(DM, "hello", message_ref="m-1"))
-    crashed._stop.set()
+    _crash(crashed)
     [session] = list(clients.sessions.list_sessions("main"))
     inbox = clients.sessions.state("main", session.session_id).state.inbox
     assert [q.message.content for q in inbox] == ["hello"], "the message was stored"
+    assert session.resume_holder == crashed.instance_id
 
     platform = LoopbackPlatform()
-    restarted = Gateway("gw", "main", clients.sessions, clients.ledger, [platform], echo)
+    restarted = _gateway(clients, platform)
+    # A restart quicker than the lease: the crashed instance still looks live, so its
+    # turn is deferred, and resumed by the periodic look once its lease has run out.
     restarted.start()
-    restarted.stop()
+    try:
+        assert platform.sent == [] and restarted.deferred == {session.session_id}
+        _wait_until_dead(clients.ledger, crashed.instance_id)
+        restarted.resume_deferred()
+    finally:
+        restarted.stop()
     assert [s.text for s in platform.sent] == ["answer to hello"], "the user got no reply"
+    assert not clients.sessions.get_session("main", session.session_id).resume_pending
+
+
+class Boom(Exception):
+    """The agent (a model API, a tool) failed."""
+
+
+def test_a_failing_resumed_turn_neither_stops_the_boot_nor_the_other_resumes(
+    clients: Clients,
+) -> None:
+    """Before d11aa91: the agent's exception escaped Gateway.start(), so the gateway did
+    not start, and the interrupted sessions after the failing one were not resumed."""
+    dead = clients.ledger.register("gw", ["loopback"])
+    clients.ledger.deregister(dead.instance_id)  # it died mid-turn in both chats
+    session_ids = []
+    for chat, text in (("chat-1", "boom"), ("chat-2", "hello")):
+        session = clients.sessions.resolve(
+            "main", transport="loopback", chat_type=pb.CHAT_TYPE_DM, chat_id=chat, user_id="u1"
+        ).session
+        clients.sessions.mark_resumable("main", session.session_id, holder=dead.instance_id)
+        clients.sessions.post_to_inbox(
+            "main", session.session_id, pb.Message(role=pb.ROLE_USER, content=text, sender="u1")
+        )
+        session_ids.append(session.session_id)
+    listed = [s.session_id for s in clients.sessions.list_resumable("main").sessions]
+    assert listed == session_ids, "the failing turn is resumed first"
+
+    def flaky_agent(turn: Turn) -> str:
+        if turn.state.state.inbox[-1].message.content == "boom":
+            raise Boom("the model API is down")
+        return echo(turn)
+
+    platform = LoopbackPlatform()
+    gateway = _gateway(clients, platform, flaky_agent)
+    gateway.start()  # must not raise
+    gateway.stop()
+    assert [s.text for s in platform.sent] == ["answer to hello"]
+    failed, answered = (clients.sessions.get_session("main", s) for s in session_ids)
+    assert failed.resume_pending, "the failed turn stays marked for a later boot"
+    assert not answered.resume_pending

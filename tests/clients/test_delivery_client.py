@@ -27,6 +27,7 @@ SESSION = "agent:main:slack:channel:C1"
 IDEMPOTENT = {
     "Heartbeat",
     "DeregisterInstance",
+    "GetInstance",
     "RecordObligation",
     "MarkAttempting",
     "MarkDelivered",

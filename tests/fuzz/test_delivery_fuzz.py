@@ -213,6 +213,9 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
     "DeregisterInstance": lambda seed: request(
         message(pb.DeregisterInstanceRequest, instance_id=_instance(seed))
     ),
+    "GetInstance": lambda seed: request(
+        message(pb.GetInstanceRequest, instance_id=_instance(seed))
+    ),
     "RecordObligation": _record,
     "MarkAttempting": lambda seed: _fenced(pb.MarkAttemptingRequest, seed),
     "MarkDelivered": lambda seed: _fenced(
@@ -268,7 +271,7 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
 }
 
 #: RPCs that never write, whatever they answer.
-READ_ONLY: Final = frozenset({"GetObligation", "ListObligations", "GetLedgerStats"})
+READ_ONLY: Final = frozenset({"GetInstance", "GetObligation", "ListObligations", "GetLedgerStats"})
 
 _PLATFORM = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
@@ -278,7 +281,9 @@ def accepted_problems(rpc: str, response: Message) -> list[str]:
     values: list[tuple[str, str]] = []
     if isinstance(response, pb.RecordObligationResponse):
         values.append(("obligation.platform", response.obligation.platform))
-    elif isinstance(response, pb.RegisterInstanceResponse | pb.HeartbeatResponse):
+    elif isinstance(
+        response, pb.RegisterInstanceResponse | pb.HeartbeatResponse | pb.GetInstanceResponse
+    ):
         values += [("instance.platforms", p) for p in response.instance.platforms]
     return [
         f"{rpc} accepted {name}={value!r}, which breaks its documented syntax"

@@ -500,7 +500,11 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
         action=text("fs.read", "fs.write", "peer.send", "memory.write"),
         resource=text("workspace:docs/a.md", "workspace:secret/x", "agent:helper", ""),
     ),
-    "MarkResumable": _owned_request(pb.MarkResumableRequest, pending=boolean()),
+    "MarkResumable": _owned_request(
+        pb.MarkResumableRequest,
+        pending=boolean(),
+        holder=text("", "gw-1", "0123456789abcdef0123456789abcdef"),
+    ),
     "SuspendSession": _owned_request(pb.SuspendSessionRequest, suspended=boolean()),
     "ListResumable": lambda seed: request(message(pb.ListResumableRequest, agent=AGENT)),
 }
@@ -528,6 +532,8 @@ _AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _LABEL = re.compile(r"[\w.:-]{1,128}")
 _PLATFORM = re.compile(r"[a-z][a-z0-9_]{0,31}")
+#: At most 128 characters; no "/", "\\", "..", drive prefix or control characters.
+_HOLDER = re.compile(r"(?![A-Za-z]:)(?!.*\.\.)[^/\\\x00-\x1f\x7f-\x9f]{0,128}", re.DOTALL)
 
 
 def accepted_problems(rpc: str, response: Message) -> list[str]:
@@ -539,6 +545,8 @@ def accepted_problems(rpc: str, response: Message) -> list[str]:
         values.append(("session.session_id", response.session.session_id, _SESSION_ID))
     elif isinstance(response, pb.CreateCheckpointResponse):
         values.append(("checkpoint.label", response.checkpoint.label, _LABEL))
+    elif isinstance(response, pb.MarkResumableResponse):
+        values.append(("session.resume_holder", response.session.resume_holder, _HOLDER))
     elif isinstance(response, pb.ResolveSessionResponse) and response.session.source.transport:
         values.append(("session.source.transport", response.session.source.transport, _PLATFORM))
     return [

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import grpc
+import pytest
 from google.protobuf import duration_pb2
 
-from session_service import freshness
+from session_service import freshness, recovery
+from session_service.sessions import SessionLimits
 from switchboard.session.v1 import session_service_pb2 as pb
-from tests.harness import InProcessSession
-from tests.session.conftest import create_agent, resolve, web
+from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
+from tests.harness import EventLoopThread, InProcessSession, session_server
+from tests.session.conftest import create_agent, resolve, user_message, web
+from tests.status import error_details
 
 WAIT_S = 1.3  # just past the 1 s windows these tests configure
 
@@ -135,3 +141,95 @@ def test_daily_reset_after_the_configured_hour() -> None:
     session.update_time.FromSeconds(int(now) + 1)  # 04:00:01, after it
     assert freshness.reset_reason(daily, session, now + 3600) is None
     assert freshness.reset_reason(pb.AgentSettings(), session, now + 86400 * 3) is None
+
+
+# -- who holds a mark -------------------------------------------------------------------------
+
+
+def _mark(
+    stub: pb_grpc.SessionServiceStub, session_id: str, pending: bool = True, holder: str = ""
+) -> pb.Session:
+    request = pb.MarkResumableRequest(
+        agent="main", session_id=session_id, pending=pending, holder=holder
+    )
+    return stub.MarkResumable(request).session
+
+
+def _get(stub: pb_grpc.SessionServiceStub, session_id: str) -> pb.Session:
+    return stub.GetSession(pb.GetSessionRequest(agent="main", session_id=session_id)).session
+
+
+def test_the_holder_travels_with_the_mark(service: InProcessSession) -> None:
+    _agent(service)
+    session_id = resolve(service.stub, **web()).session.session_id
+    assert _mark(service.stub, session_id, holder="gw-a").resume_holder == "gw-a"
+    assert _get(service.stub, session_id).resume_holder == "gw-a"
+    [listed] = _resumable(service).sessions
+    assert (listed.session_id, listed.resume_holder) == (session_id, "gw-a")
+
+    # A later mark (the next turn, another gateway) names its own holder.
+    assert _mark(service.stub, session_id, holder="gw-b").resume_holder == "gw-b"
+    cleared = _mark(service.stub, session_id, pending=False, holder="gw-b")
+    assert (cleared.resume_pending, cleared.resume_holder) == (False, "")
+    assert _get(service.stub, session_id).resume_holder == ""
+    unknown = _mark(service.stub, session_id)
+    assert (unknown.resume_pending, unknown.resume_holder) == (True, "")
+
+
+@pytest.mark.parametrize(
+    "holder", ["../gw", "a/b", "a\\b", "C:gw", "gw\n", "x" * 129], ids=repr
+)  # fmt: skip
+def test_an_unsafe_holder_is_invalid_and_changes_nothing(
+    service: InProcessSession, holder: str
+) -> None:
+    _agent(service)
+    session_id = resolve(service.stub, **web()).session.session_id
+    before = _get(service.stub, session_id)
+    with pytest.raises(grpc.RpcError) as error:
+        _mark(service.stub, session_id, holder=holder)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_details(error.value)[1] == ["holder"]
+    assert _get(service.stub, session_id) == before
+
+
+def test_the_holder_survives_a_restart_snapshots_and_a_rebuild(
+    database_url: str, loop_thread: EventLoopThread
+) -> None:
+    limits = SessionLimits(snapshot_every=2)  # the mark ends up inside a snapshot
+    with session_server(loop_thread, database_url, limits) as before:
+        create_agent(before.stub)
+        session_id = resolve(before.stub, **web()).session.session_id
+        holder = "0123456789abcdef0123456789abcdef"  # a gateway's instance id
+        _mark(before.stub, session_id, holder=holder)
+        for text in ("one", "two", "three"):  # the turn goes on: versions move, snapshots
+            before.stub.AppendEvents(
+                pb.AppendEventsRequest(
+                    agent="main", session_id=session_id, events=[user_message(text)]
+                )
+            )
+        marked = _get(before.stub, session_id)
+    assert marked.resume_holder == holder
+    with session_server(loop_thread, database_url, limits) as after:
+        assert _get(after.stub, session_id) == marked
+        listed = after.stub.ListResumable(pb.ListResumableRequest(agent="main")).sessions
+        assert [(s.session_id, s.resume_holder) for s in listed] == [(session_id, holder)]
+        store: Any = after.unit.store
+        with store.database.connection_context():
+            snapshot = store.latest_snapshot(f"session:{session_id}")
+            assert snapshot is not None
+            assert pb.SessionState.FromString(snapshot[1]).session.resume_holder == holder
+            store.delete_snapshots()
+        report = recovery.rebuild(after.unit.sessions)
+        assert not report.differed, report.differences
+        assert _get(after.stub, session_id) == marked, "a replay of the log says the same"
+
+
+def test_a_rewind_brings_back_the_holder_of_its_target(service: InProcessSession) -> None:
+    _agent(service)
+    session_id = resolve(service.stub, **web()).session.session_id
+    target = _mark(service.stub, session_id, holder="gw-a").last_sequence
+    _mark(service.stub, session_id, holder="gw-b")
+    service.stub.Rewind(pb.RewindRequest(sequence=target))
+    rewound = _get(service.stub, session_id)
+    assert (rewound.resume_pending, rewound.resume_holder) == (True, "gw-a")
+    assert [s.resume_holder for s in _resumable(service).sessions] == ["gw-a"]

@@ -59,6 +59,18 @@ export class DeliveryClient extends BaseClient {
   }
 
   /**
+   * Reads one instance, with `live` judged on the database's clock now (a
+   * lease that has run out reads as dead). Read-only. An unknown id is
+   * NOT_FOUND (reason INSTANCE_NOT_FOUND).
+   * @param {ProtoMessage} [request] GetInstanceRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} GetInstanceResponse
+   */
+  getInstance(request, options) {
+    return this._unary('GetInstance', request, options);
+  }
+
+  /**
    * Records a final reply as owed (state PENDING, or ATTEMPTING with
    * begin_attempt) before it is sent. The id is
    * sha256(session_key|message_ref|content)[:24]. Insert-or-ignore: recording

@@ -33,6 +33,7 @@ SERVICE_NAME = "switchboard.delivery.v1.DeliveryService"
 RETRYABLE_METHODS: tuple[str, ...] = (
     "Heartbeat",
     "DeregisterInstance",
+    "GetInstance",
     "RecordObligation",
     "MarkAttempting",
     "MarkDelivered",
@@ -116,6 +117,14 @@ class DeliveryClient(BaseClient):
         """Graceful stop: this instance's unfinished rows become claimable at once."""
         request = pb.DeregisterInstanceRequest(instance_id=instance_id)
         return self._call(self._stub.DeregisterInstance, request).instance
+
+    def instance(self, instance_id: str) -> pb.Instance:
+        """Reads an instance; `live` is judged on the server's database clock now.
+
+        An unknown id raises `SwitchboardError` with code NOT_FOUND.
+        """
+        request = pb.GetInstanceRequest(instance_id=instance_id)
+        return self._call(self._stub.GetInstance, request).instance
 
     # -- the send path --------------------------------------------------------------------
 

@@ -14,6 +14,11 @@ resume interrupted turns that are still fresh, so a turn whose answer is
 already owed is redelivered, not re-run. While running, a periodic claim picks
 up retries and orphans; reconnecting a platform claims for it at once.
 
+A resume mark names its holder (the instance running the turn). A booting
+gateway leaves a turn alone while its holder is live (another replica waiting
+for the model, say) and looks at it again with each periodic claim: once the
+holder's lease has run out without the mark being cleared, the turn is resumed.
+
 Beyond the honest marker, a platform adapter may avoid the duplicate itself:
 `idempotent_sends` (the obligation id is passed as the platform's idempotency
 key, e.g. Discord's nonce, LINE's X-Line-Retry-Key) or `was_delivered(key)`.
@@ -29,6 +34,8 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import grpc
 
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -124,6 +131,10 @@ class Gateway:
         self.connected: set[str] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        #: Sessions whose turn a live instance was running when we looked.
+        self.deferred: set[str] = set()
+        # One resume pass at a time: the periodic one and a caller's never run a turn twice.
+        self._resuming = threading.Lock()
 
     # -- life ------------------------------------------------------------------------------
 
@@ -177,6 +188,7 @@ class Gateway:
         while not self._stop.wait(self.claim_every_s):
             try:
                 self.recover()
+                self.resume_deferred()
             except SwitchboardError:
                 log.warning("periodic claim failed")
 
@@ -203,16 +215,61 @@ class Gateway:
         )
         # Mark first: a crash after the mark and before the post leaves a mark with
         # nothing to answer (cleared at the next boot), never a stored, unmarked message.
-        self.sessions.mark_resumable(self.agent, session.session_id, True)
+        # The mark names this instance, so that a gateway booting meanwhile leaves the
+        # turn to us while we are alive.
+        self.sessions.mark_resumable(self.agent, session.session_id, True, holder=self.instance_id)
         self.sessions.post_to_inbox(self.agent, session.session_id, message)
         return self._run_turn(session, inbound)
 
     def resume_interrupted(self) -> None:
-        """Re-runs the turns a crash cut off, if still fresh (stale ones are reset)."""
-        resumable = self.sessions.list_resumable(self.agent)
-        for session in resumable.sessions:
-            if not session.suspended:
-                self._resume(session)
+        """Re-runs the turns a crash cut off, if still fresh (stale ones are reset).
+
+        A turn whose holder is another, live instance is left to it and deferred.
+        """
+        self._resume_pass(lambda session: True)
+
+    def resume_deferred(self) -> None:
+        """Looks again at deferred turns: resumes those whose holder has died since."""
+        if self.deferred:
+            self._resume_pass(lambda session: session.session_id in self.deferred)
+
+    def _resume_pass(self, wanted: Callable[[pb.Session], bool]) -> None:
+        with self._resuming:
+            resumable = self.sessions.list_resumable(self.agent).sessions
+            # A deferred turn no longer listed was finished (or reset): forget it.
+            self.deferred &= {session.session_id for session in resumable}
+            for session in resumable:
+                if session.suspended or not wanted(session):
+                    continue
+                holder = session.resume_holder
+                if holder and holder == self.instance_id:
+                    continue  # running in this process (a turn that failed here: next boot)
+                if holder and self._is_live(holder):
+                    self.deferred.add(session.session_id)
+                    continue
+                self.deferred.discard(session.session_id)
+                self._resume_safely(session)
+
+    def _is_live(self, instance_id: str) -> bool:
+        """Whether the instance holding a mark still runs (an empty holder is unknown:
+        the caller resumes as before holders existed)."""
+        try:
+            return self.ledger.instance(instance_id).live
+        except SwitchboardError as error:
+            if error.code == grpc.StatusCode.NOT_FOUND:
+                return False  # registered with another ledger, or pruned: nobody runs it
+            # Unsure: leave the turn alone now and look again at the next periodic claim.
+            log.warning("could not tell whether %s is live: %s", instance_id, error)
+            return True
+
+    def _resume_safely(self, session: pb.Session) -> None:
+        """One session's failure (the agent or a platform raising) must not cost the
+        others their resume, nor the gateway its start; the mark stays, so a later
+        boot retries it while it is fresh."""
+        try:
+            self._resume(session)
+        except Exception:
+            log.exception("resuming session %s failed; its mark stays", session.session_id)
 
     def _resume(self, session: pb.Session) -> None:
         """Answers only what no reply covers yet: an owed reply is redelivered by a

@@ -252,9 +252,17 @@ class SessionClient(BaseClient):
         request = pb.ResetSessionRequest(agent=agent, session_id=session_id, reason=reason)
         return self._call(self._stub.ResetSession, request)
 
-    def mark_resumable(self, agent: str, session_id: str, pending: bool = True) -> pb.Session:
-        """Marks the session's turn as interrupted (or clears the mark with False)."""
-        request = pb.MarkResumableRequest(agent=agent, session_id=session_id, pending=pending)
+    def mark_resumable(
+        self, agent: str, session_id: str, pending: bool = True, *, holder: str = ""
+    ) -> pb.Session:
+        """Marks the session's turn as interrupted (or clears the mark with False).
+
+        `holder` names the process running the turn (a gateway passes its ledger
+        instance id), so that others leave the turn alone while it lives.
+        """
+        request = pb.MarkResumableRequest(
+            agent=agent, session_id=session_id, pending=pending, holder=holder
+        )
         return self._call(self._stub.MarkResumable, request).session
 
     def suspend(self, agent: str, session_id: str, suspended: bool = True) -> pb.Session:
