@@ -45,6 +45,10 @@ class Continuity:
 
         def op(now: float) -> pb.Session:
             index = self.sessions.open_session_of(agent, session_id)
+            if event.HasField("suspension_changed") and (
+                self.sessions.summary(session_id).suspended == event.suspension_changed.suspended
+            ):
+                return self.sessions.summary(session_id)  # a retry: the version moves once
             event.agent, event.session_id = agent, session_id
             # A resume mark comes from the gateway, beside a turn: it never conflicts.
             event.session_version = index.version + (1 if versioned else 0)

@@ -61,12 +61,15 @@ def apply_to_session(state: pb.SessionState, event: pb.Event) -> None:
     elif body == "permission_checked":
         pass  # an audit record: it changes nothing
     elif body == "resume_marked":
-        session.resume_pending = event.resume_marked.pending
-        session.resume_holder = event.resume_marked.holder if event.resume_marked.pending else ""
-        if event.resume_marked.pending:
-            session.resume_marked_time.CopyFrom(event.time)
-        else:
+        marked = event.resume_marked
+        if not marked.pending:
             session.ClearField("resume_marked_time")
+        elif not session.resume_pending:
+            # Only the first mark sets the time: a turn taken over by another holder is
+            # no fresher, or a turn that crashes every gateway would never expire.
+            session.resume_marked_time.CopyFrom(event.time)
+        session.resume_pending = marked.pending
+        session.resume_holder = marked.holder if marked.pending else ""
     elif body == "suspension_changed":
         session.suspended = event.suspension_changed.suspended
     elif body == "session_ended":

@@ -183,6 +183,54 @@ def test_a_booting_gateway_does_not_rerun_a_live_gateways_turn(clients: Clients)
     assert not clients.sessions.get_session("main", session.session_id).resume_pending
 
 
+def _died_mid_turn(clients: Clients, chat_id: str, text: str) -> str:
+    """A gateway instance died in the middle of a turn: marked, stored, never answered."""
+    dead = clients.ledger.register("gw", ["loopback"])
+    clients.ledger.deregister(dead.instance_id)
+    session = clients.sessions.resolve(
+        "main", transport="loopback", chat_type=pb.CHAT_TYPE_DM, chat_id=chat_id, user_id="u1"
+    ).session
+    clients.sessions.mark_resumable("main", session.session_id, holder=dead.instance_id)
+    clients.sessions.post_to_inbox(
+        "main", session.session_id, pb.Message(role=pb.ROLE_USER, content=text, sender="u1")
+    )
+    return session.session_id
+
+
+def test_a_booting_gateway_does_not_rerun_a_turn_another_gateway_resumed(
+    clients: Clients,
+) -> None:
+    """Before this test: a resumed turn kept the dead holder's mark, so a gateway booting
+    while it ran (waiting for the model) took it for an orphan and answered it too."""
+    session_id = _died_mid_turn(clients, "chat-1", "hello")
+    thinking, answer_now = threading.Event(), threading.Event()
+
+    def slow_agent(turn: Turn) -> str:
+        thinking.set()
+        answer_now.wait(30)
+        return echo(turn)
+
+    resuming_platform, booting_platform = LoopbackPlatform(), LoopbackPlatform()
+    resuming = _gateway(clients, resuming_platform, slow_agent)
+    booting = _gateway(clients, booting_platform)
+    boot = threading.Thread(target=resuming.start)  # resumes the dead instance's turn
+    boot.start()
+    try:
+        assert thinking.wait(30)
+        booting.start()
+        assert booting.deferred == {session_id}, "left to the gateway resuming it"
+        holder = clients.sessions.get_session("main", session_id).resume_holder
+        assert holder == resuming.instance_id, "the resuming gateway took the turn over"
+    finally:
+        answer_now.set()
+        boot.join(timeout=30)
+        resuming.stop()
+    booting.resume_deferred()
+    booting.stop()
+    assert [s.text for s in resuming_platform.sent] == ["answer to hello"]
+    assert [s.text for s in booting_platform.sent] == [], "the user got the reply twice"
+
+
 def test_a_message_stored_before_the_crash_is_answered_after_the_restart(
     clients: Clients,
 ) -> None:
@@ -237,18 +285,10 @@ def test_a_failing_resumed_turn_neither_stops_the_boot_nor_the_other_resumes(
 ) -> None:
     """Before d11aa91: the agent's exception escaped Gateway.start(), so the gateway did
     not start, and the interrupted sessions after the failing one were not resumed."""
-    dead = clients.ledger.register("gw", ["loopback"])
-    clients.ledger.deregister(dead.instance_id)  # it died mid-turn in both chats
-    session_ids = []
-    for chat, text in (("chat-1", "boom"), ("chat-2", "hello")):
-        session = clients.sessions.resolve(
-            "main", transport="loopback", chat_type=pb.CHAT_TYPE_DM, chat_id=chat, user_id="u1"
-        ).session
-        clients.sessions.mark_resumable("main", session.session_id, holder=dead.instance_id)
-        clients.sessions.post_to_inbox(
-            "main", session.session_id, pb.Message(role=pb.ROLE_USER, content=text, sender="u1")
-        )
-        session_ids.append(session.session_id)
+    session_ids = [
+        _died_mid_turn(clients, chat, text)
+        for chat, text in (("chat-1", "boom"), ("chat-2", "hello"))
+    ]
     listed = [s.session_id for s in clients.sessions.list_resumable("main").sessions]
     assert listed == session_ids, "the failing turn is resumed first"
 

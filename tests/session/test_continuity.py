@@ -103,6 +103,31 @@ def test_suspended_sessions_are_never_auto_resumed(service: InProcessSession) ->
     assert list(_resumable(service).sessions) == []
 
 
+def test_suspending_twice_moves_the_version_once(service: InProcessSession) -> None:
+    _agent(service)
+    session_id = resolve(service.stub, **web()).session.session_id
+    before = _get(service.stub, session_id).version
+    request = pb.SuspendSessionRequest(agent="main", session_id=session_id, suspended=True)
+    first = service.stub.SuspendSession(request).session
+    retried = service.stub.SuspendSession(request).session  # a client retry
+    assert first.suspended and retried.suspended
+    assert first.version == retried.version == before + 1
+
+
+def test_a_turn_taken_over_is_no_fresher(service: InProcessSession) -> None:
+    """Another holder taking an interrupted turn over keeps the mark's time, so a turn
+    that crashes every gateway that resumes it still expires."""
+    _agent(service, resume=_window(1))
+    session_id = resolve(service.stub, **web()).session.session_id
+    first = _mark(service.stub, session_id, holder="gw-a")
+    time.sleep(WAIT_S / 2)
+    taken_over = _mark(service.stub, session_id, holder="gw-b")
+    assert taken_over.resume_holder == "gw-b"
+    assert taken_over.resume_marked_time == first.resume_marked_time
+    time.sleep(WAIT_S / 2)
+    assert [s.session_id for s in _resumable(service).expired] == [session_id]
+
+
 def test_an_explicit_reset_wins(service: InProcessSession) -> None:
     _agent(service)
     session_id = _interrupted(service)

@@ -295,6 +295,11 @@ class Gateway:
         inbox = list(self.sessions.state(self.agent, session.session_id).state.inbox)
         if any(q.sequence > answered_through for q in inbox):
             log.info("resuming interrupted session %s", session.session_id)
+            # Take the turn over, so that a gateway booting meanwhile leaves it to us
+            # (the mark keeps its time: the freshness window still counts from the crash).
+            self.sessions.mark_resumable(
+                self.agent, session.session_id, True, holder=self.instance_id
+            )
             self._run_turn(session, None)
         elif latest is not None and inbox:
             self._finish_turn(session.session_id, latest.content, inbox, answered_through)
