@@ -134,7 +134,7 @@ class Sessions:
                 "agent", f"is {agent.ByteSize()} bytes encoded; the limit is {MAX_AGENT_BYTES}"
             )
 
-    def _refuse_growth_past_limit(self, agent: pb.Agent, event: pb.Event) -> None:
+    def _refuse_agent_growth_past_limit(self, agent: pb.Agent, event: pb.Event) -> None:
         grown = pb.Agent()
         grown.CopyFrom(agent)
         replay.apply_to_agent(grown, event)
@@ -332,7 +332,7 @@ class Sessions:
             update = pb.AgentUpdated(update_mask=mask)
             update.agent.CopyFrom(agent)
             event = pb.Event(agent=agent.name, agent_updated=update)
-            self._refuse_growth_past_limit(self.live_agent(agent.name), event)
+            self._refuse_agent_growth_past_limit(self.live_agent(agent.name), event)
             self.log(now, [event])
             return self.live_agent(agent.name)
 
@@ -380,7 +380,7 @@ class Sessions:
                     raise PermissionDenied(
                         "PERMISSION_DENIED", f"memory.write on {key!r}: {decision.reason}"
                     )
-            self._refuse_growth_past_limit(agent, event)
+            self._refuse_agent_growth_past_limit(agent, event)
             self.log(now, [event])
             return self.live_agent(name)
 
