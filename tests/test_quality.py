@@ -33,7 +33,7 @@ def test_mypy_strict() -> None:
 def test_buf_lint() -> None:
     result = subprocess.run(
         [str(BIN / "buf"), "lint"],
-        cwd=ROOT / "protos",
+        cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
