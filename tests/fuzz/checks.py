@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import grpc
+import pytest
 from google.protobuf import text_format
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
@@ -231,6 +233,20 @@ def known_answer(bugs: Sequence[KnownBug], rpc: str, answer: Answer) -> str | No
         if not bug.fixed and bug.shows is not None and bug.reaches(rpc) and bug.shows(answer):
             return bug.name
     return None
+
+
+def mark_if_open(bug: KnownBug, backend: str, request: pytest.FixtureRequest) -> None:
+    """A strict xfail while the bug is open and shows on this backend; a regression
+    test once it is fixed."""
+    if not bug.fixed and backend in bug.backends:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=bug.reason))
+
+
+def check_request_table(requests: Collection[str], service: Any, named: AbstractSet[str]) -> None:
+    """A new RPC cannot go unfuzzed: the table covers the service descriptor exactly,
+    and every RPC named elsewhere (read-only sets, bugs) is one."""
+    assert set(requests) == set(service.methods_by_name)
+    assert not named - set(requests), f"not RPCs: {sorted(named - set(requests))}"
 
 
 def check_repro(bug: KnownBug, stub: Any, method: MethodDescriptor, request: Message) -> None:

@@ -27,8 +27,10 @@ from tests.fuzz.checks import (
     KnownBug,
     backend_of,
     check_repro,
+    check_request_table,
     describe,
     fuzz_rpc,
+    mark_if_open,
 )
 from tests.fuzz.hostile import (
     Field,
@@ -344,10 +346,7 @@ BUGS: Final = (
 
 
 def test_every_rpc_has_a_request_strategy() -> None:
-    """A new RPC cannot go unfuzzed: the table covers the service descriptor exactly."""
-    assert set(REQUESTS) == set(SERVICE.methods_by_name)
-    named = READ_ONLY | {bug.rpc for bug in BUGS}
-    assert not named - set(REQUESTS), f"not RPCs: {sorted(named - set(REQUESTS))}"
+    check_request_table(REQUESTS, SERVICE, READ_ONLY | {bug.rpc for bug in BUGS})
 
 
 @pytest.mark.parametrize("rpc", sorted(REQUESTS))
@@ -380,8 +379,7 @@ def test_known_bug(
 ) -> None:
     """Each server bug the fuzzer found, reproduced minimally: a strict xfail where it
     shows while open, a regression test once fixed."""
-    if not bug.fixed and backend_of(database_url) in bug.backends:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=bug.reason))
+    mark_if_open(bug, backend_of(database_url), request)
     with delivery_server(loop_thread, database_url) as delivery:
         repro = bug.repro(seed(delivery.stub))
         check_repro(bug, delivery.stub, SERVICE.methods_by_name[bug.rpc], repro)

@@ -27,8 +27,10 @@ from tests.fuzz.checks import (
     KnownBug,
     backend_of,
     check_repro,
+    check_request_table,
     describe,
     fuzz_rpc,
+    mark_if_open,
 )
 from tests.fuzz.hostile import (
     OMIT,
@@ -728,10 +730,7 @@ BUGS: Final = (
 
 
 def test_every_rpc_has_a_request_strategy() -> None:
-    """A new RPC cannot go unfuzzed: the table covers the service descriptor exactly."""
-    assert set(REQUESTS) == set(SERVICE.methods_by_name)
-    named = READ_ONLY | AUDITED_REFUSALS | {bug.rpc for bug in BUGS}
-    assert not named - set(REQUESTS), f"not RPCs: {sorted(named - set(REQUESTS))}"
+    check_request_table(REQUESTS, SERVICE, READ_ONLY | AUDITED_REFUSALS | {bug.rpc for bug in BUGS})
 
 
 @pytest.mark.parametrize("rpc", sorted(REQUESTS))
@@ -764,8 +763,7 @@ def test_known_bug(
 ) -> None:
     """Each server bug the fuzzer found, reproduced minimally: a strict xfail where it
     shows while open, a regression test once fixed."""
-    if not bug.fixed and backend_of(database_url) in bug.backends:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=bug.reason))
+    mark_if_open(bug, backend_of(database_url), request)
     with session_server(loop_thread, database_url) as service:
         repro = bug.repro(seed(service.stub))
         check_repro(bug, service.stub, SERVICE.methods_by_name[bug.rpc], repro)
