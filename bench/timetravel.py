@@ -34,7 +34,8 @@ from typing import Any
 from session_service.log_store import LogStore
 from session_service.sessions import SessionLimits, Sessions, new_session_id
 from session_service.time_travel import TimeTravel
-from switchboard.database import DatabaseSettings, TransactionRunner, open_backend
+from switchboard.database import DatabaseSettings, open_backend
+from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2 as pb
 
 SESSIONS = 1000

@@ -12,8 +12,9 @@ from delivery_service.ledger import Ledger
 from delivery_service.servicer import DeliveryServicer
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
-from switchboard.database import DatabaseSettings, TransactionRunner, open_backend
+from switchboard.database import DatabaseSettings, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
+from switchboard.runner import TransactionRunner
 
 SERVICE_NAME = delivery_service_pb2.DESCRIPTOR.services_by_name["DeliveryService"].full_name
 

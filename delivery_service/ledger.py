@@ -24,8 +24,8 @@ from delivery_service.records import (
 from delivery_service.state_machine import HOLDER_SOURCES, OWED, LedgerLimits, State
 from delivery_service.store import LedgerStore
 from switchboard import pagination, validation
-from switchboard.database import TransactionRunner
 from switchboard.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from switchboard.runner import TransactionRunner
 
 _OBLIGATION_ID = re.compile(r"[0-9a-f]{24}")
 MAX_CLAIM_LIMIT = 1000

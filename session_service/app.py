@@ -12,7 +12,8 @@ from session_service import recovery
 from session_service.log_store import LogStore
 from session_service.servicer import SessionServicer
 from session_service.sessions import SessionLimits, Sessions
-from switchboard.database import DatabaseSettings, TransactionRunner, open_backend
+from switchboard.database import DatabaseSettings, open_backend
+from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
 
 SERVICE_NAME = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name

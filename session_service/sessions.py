@@ -26,7 +26,6 @@ from session_service.log_store import (
     session_entity,
 )
 from switchboard import pagination, validation
-from switchboard.database import TransactionRunner
 from switchboard.errors import (
     Aborted,
     AlreadyExists,
@@ -35,6 +34,7 @@ from switchboard.errors import (
     NotFound,
     PermissionDenied,
 )
+from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2 as pb
 
 _AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")

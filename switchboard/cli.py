@@ -321,7 +321,8 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
     from session_service import recovery
     from session_service.log_store import LogStore
     from session_service.sessions import SessionLimits, Sessions
-    from switchboard.database import TransactionRunner, open_backend
+    from switchboard.database import open_backend
+    from switchboard.runner import TransactionRunner
 
     settings = DatabaseSettings(
         url=database_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from switchboard.database import DatabaseSettings, TransactionRunner, open_backend
+from switchboard.database import DatabaseSettings, open_backend
 from switchboard.errors import FailedPrecondition
+from switchboard.runner import TransactionRunner
 
 
 def test_sqlite_is_wal_full_sync_with_a_busy_timeout(tmp_path: Path) -> None:

@@ -1,0 +1,41 @@
+"""The PostgreSQL backend: a connection pool; the database's clock is "now"."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlparse
+
+from playhouse.pool import PooledPostgresqlDatabase
+
+from switchboard.database import DatabaseSettings
+
+
+class PostgresBackend:
+    name = "postgres"
+    for_update = " FOR UPDATE"
+    skip_locked = True
+
+    def __init__(self, url: str, settings: DatabaseSettings) -> None:
+        parsed = urlparse(url)
+        options = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
+        self.writer_threads = settings.writer_threads
+        self.database = PooledPostgresqlDatabase(
+            unquote(parsed.path.lstrip("/")) or "postgres",
+            user=unquote(parsed.username) if parsed.username else None,
+            password=unquote(parsed.password) if parsed.password else None,
+            host=parsed.hostname or "127.0.0.1",
+            port=parsed.port or 5432,
+            max_connections=settings.pool_size,
+            stale_timeout=300,
+            **options,
+        )
+
+    def write_transaction(self) -> AbstractContextManager[Any]:
+        transaction: AbstractContextManager[Any] = self.database.atomic()
+        return transaction
+
+    def now(self) -> float:
+        # The database's clock, so replicas with skewed clocks agree on leases.
+        row = self.database.execute_sql("SELECT extract(epoch from clock_timestamp())").fetchone()
+        return float(row[0])
