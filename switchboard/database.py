@@ -55,6 +55,11 @@ class Backend(Protocol):
         """Seconds since the epoch on the database's clock."""
         ...
 
+    def probe(self) -> None:
+        """Raises `switchboard.errors.Unavailable` when the database cannot serve
+        calls now (what health checking reports); returns quickly either way."""
+        ...
+
 
 def bind_model(model: type[M], database: peewee.Database) -> type[M]:
     """A subclass of `model` bound to `database`, so that several stores (two

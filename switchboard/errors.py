@@ -56,3 +56,15 @@ class Aborted(DomainError):
 
 class Unauthenticated(DomainError):
     """No valid credentials were presented."""
+
+
+class Unavailable(DomainError):
+    """A dependency (the database) cannot serve the call now: the caller may retry.
+
+    Raised only when the call wrote nothing, or when a retry carrying the same
+    request id is safe (the outcome of a lost commit is then replayed, not redone).
+    """
+
+
+class ResourceExhausted(DomainError):
+    """A resource the call needs has run out (e.g. the disk under SQLite)."""

@@ -37,6 +37,8 @@ _STATUS_OF: dict[type[errors.DomainError], grpc.StatusCode] = {
     errors.OutOfRange: grpc.StatusCode.OUT_OF_RANGE,
     errors.Aborted: grpc.StatusCode.ABORTED,
     errors.Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 

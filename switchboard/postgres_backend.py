@@ -39,3 +39,8 @@ class PostgresBackend:
         # The database's clock, so replicas with skewed clocks agree on leases.
         row = self.database.execute_sql("SELECT extract(epoch from clock_timestamp())").fetchone()
         return float(row[0])
+
+    def probe(self) -> None:
+        # Placeholder until the fault-handling work: a plain round trip.
+        with self.database.connection_context():
+            self.database.execute_sql("SELECT 1")

@@ -43,3 +43,9 @@ class SqliteBackend:
     def now(self) -> float:
         # SQLite has no server: the database's clock is this host's clock.
         return time.time()
+
+    def probe(self) -> None:
+        # Placeholder until the fault-handling work: a plain round trip.
+        database: Any = self.database
+        with database.connection_context():
+            database.execute_sql("SELECT 1")
