@@ -29,7 +29,7 @@ class SessionUnit:
         backend = open_backend(database)
         self.store = LogStore(backend)
         self.store.create_schema()
-        self.runner = TransactionRunner(backend, database)
+        self.runner = TransactionRunner(backend, database, begin_write=self.store.lock_log)
         self.sessions = Sessions(self.runner, self.store, self.limits)
         self.head = recovery.verify(self.sessions)
 

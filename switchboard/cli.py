@@ -330,7 +330,7 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
     backend = open_backend(settings)
     store = LogStore(backend)
     store.create_schema()
-    runner = TransactionRunner(backend, settings)
+    runner = TransactionRunner(backend, settings, begin_write=store.lock_log)
     try:
         with Progress() as bar:
             task = bar.add_task("replaying the log", total=None)
