@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    against,
     baseline,
     harness,
     latency,
@@ -372,6 +373,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--output", type=Path, default=RESULTS_DIR / "latest.json", help="JSON results file"
     )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        default="",
+        help="also run the appends and delivery cycles of an earlier release (a commit, tag "
+        "or branch) beside this tree's, alternating, and print the ratios (bench.against)",
+    )
     args = parser.parse_args(argv)
     keys = _listed(parser, args.only, ALL_KEYS) or list(ALL_KEYS)
     args.keys = [key for key in ALL_KEYS if key in keys]
@@ -468,6 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     if "timetravel" in keys:
         travel = timetravel.measure(args.quick, say=lambda line: log(f"[timetravel] {line}"))
 
+    # -- this tree against an earlier release ---------------------------------------------
+    against_pairs: list[against.Pair] = []
+    if args.against:
+        backends = [k for k in ("sqlite-full", "postgres") if k != "postgres" or postgres_ok]
+        against_pairs = against.compare(args.against, backends, seconds, warmup_s)
+
     # -- report --------------------------------------------------------------------------
     rows = table_rows(results, floors)
     session_rows = session_runner.table_rows(session_results, session_floors)
@@ -530,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
             "== SessionService: restart and global rewind against events and sessions ==\n"
             + timetravel.render(travel)
         )
+    if against_pairs:
+        sections.append("== " + against.render(args.against, against_pairs))
     print("\n\n".join(sections))
     for note in notes:
         print(f"note: {note}")
@@ -567,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "open_loop": latency.report(open_runs, open_rows, open_loop) if open_loop else None,
         "timetravel": travel,
+        "against": against.to_json(args.against, against_pairs) if against_pairs else None,
         "notes": notes,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
