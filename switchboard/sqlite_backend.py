@@ -94,8 +94,14 @@ class SqliteBackend:
             return
         pragma = "quick_check" if check == "quick" else "integrity_check"
         started = time.perf_counter()
-        rows = self.database.execute_sql(f"PRAGMA {pragma}({CHECK_REPORT_LINES})").fetchall()
-        problems = [str(row[0]) for row in rows]
+        try:
+            rows = self.database.execute_sql(f"PRAGMA {pragma}({CHECK_REPORT_LINES})")
+            problems = [str(row[0]) for row in rows.fetchall()]
+        except peewee.DatabaseError as exc:
+            fault = self.translate(exc)
+            if fault is None or fault.reason != "DATABASE_DAMAGED":
+                raise
+            problems = [str(exc)]  # too damaged for the check to finish
         if problems != ["ok"]:
             raise StartupRefused(
                 f"the SQLite database {self.path} is damaged; PRAGMA {pragma} found:\n  "
@@ -150,10 +156,9 @@ class SqliteBackend:
         for link in _causes(exc):
             if isinstance(link, DomainError):
                 return link  # a check of ours, raised inside peewee
-            if isinstance(link, sqlite3.Error):
-                fault = self._fault(link)
-                if fault is not None:
-                    self._faults.note(fault)
+            fault = self._fault(link) if isinstance(link, sqlite3.Error) else None
+            if fault is not None:
+                self._faults.note(fault)
                 return fault
         return None
 
@@ -276,6 +281,15 @@ class _GuardedDatabase(peewee.SqliteDatabase):
             connection.close()
             raise
         return connection
+
+    def rollback(self) -> None:
+        # SQLite rolls a transaction back by itself after some errors (a full
+        # disk, an I/O error); a ROLLBACK then fails and hides the error that
+        # says what happened behind "no transaction is active".
+        connection: Any = self._state.conn
+        if connection is not None and not connection.in_transaction:
+            return
+        super().rollback()
 
     def begin(self, lock_type: str | None = None) -> None:
         self._file.check()

@@ -24,6 +24,8 @@ from typing import Any
 
 import peewee
 
+from switchboard.database import bind_model
+
 log = logging.getLogger(__name__)
 
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
@@ -83,9 +85,7 @@ def anchored_clock(database: peewee.SqliteDatabase, path: str) -> AnchoredClock 
     if boot is None:
         log.warning("no boot id on this host: the SQLite backend uses the wall clock")
         return WallClock()
-    model: Any = type(
-        "ClockAnchor", (ClockAnchorRow,), {"Meta": type("Meta", (), {"database": database})}
-    )
+    model: Any = bind_model(ClockAnchorRow, database)
     database.create_tables([model], safe=True)
     with database.atomic("IMMEDIATE"):
         row = model.get_or_none(model.id == 1)
