@@ -286,7 +286,8 @@ class _GuardedDatabase(peewee.SqliteDatabase):
         # SQLite rolls a transaction back by itself after some errors (a full
         # disk, an I/O error); a ROLLBACK then fails and hides the error that
         # says what happened behind "no transaction is active".
-        connection: Any = self._state.conn
+        this: Any = self
+        connection: Any = this._state.conn
         if connection is not None and not connection.in_transaction:
             return
         super().rollback()

@@ -63,6 +63,10 @@ def integrity(path: Path) -> str:
             return f"{type(exc).__name__}: {exc}"
 
 
+def details(error: grpc.RpcError) -> str:
+    return str(error.details() or "")
+
+
 def refused(call: object) -> grpc.RpcError:
     """Runs `call()`, which must fail; returns its error."""
     with pytest.raises(grpc.RpcError) as caught:
@@ -131,7 +135,7 @@ def test_a_full_disk_answers_resource_exhausted_and_service_resumes_when_space_r
             assert error is not None, "writes kept succeeding on a full disk"
             assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
             assert error_reason(error) == "DATABASE_DISK_FULL"
-            assert str(path) in error.details() and "free space" in error.details()
+            assert str(path) in details(error) and "free space" in details(error)
             # Still full: the next call says the same (not INTERNAL), reads still work,
             # health stays SERVING (reads can be served; writes say why they cannot).
             again = refused(lambda: gateway.record(BIG_REPLY, message_ref="again"))
@@ -181,7 +185,7 @@ def test_a_lock_held_past_the_busy_timeout_answers_unavailable_naming_the_file(
             error = refused(lambda: gateway.record(message_ref="while-locked"))
             assert error.code() == grpc.StatusCode.UNAVAILABLE, error
             assert error_reason(error) == "DATABASE_LOCKED"
-            assert str(path) in error.details() and "busy timeout" in error.details()
+            assert str(path) in details(error) and "busy timeout" in details(error)
         finally:
             assert holder.stdin is not None
             holder.stdin.close()
@@ -287,7 +291,7 @@ def test_a_data_file_deleted_or_replaced_under_the_server_refuses_calls(
                 error = refused(call)
                 assert error.code() == grpc.StatusCode.UNAVAILABLE, error
                 assert error_reason(error) == "DATABASE_FILE_LOST"
-                assert str(path) in error.details() and fate in error.details(), error
+                assert str(path) in details(error) and fate in details(error), error
             with pytest.raises(Unavailable, match=fate):
                 unit.store.backend.probe()  # health: NOT_SERVING
         lost = [r for r in caplog.records if "while this server had it open" in r.getMessage()]
