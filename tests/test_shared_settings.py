@@ -8,8 +8,6 @@ told to adopt the database's value (it then behaves by it) or to overwrite it.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
@@ -18,33 +16,9 @@ import pytest
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from tests.chaos.common import sql
 from tests.harness import Gateway, ServerProcess
+from tests.test_sqlite_faults import start_refused
 
 pytestmark = pytest.mark.slow
-
-
-def _start_refused(url: str, data_dir: Path, *flags: str) -> tuple[int, str]:
-    """Runs `switchboard serve delivery`, which must exit by itself; returns code and output."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "switchboard",
-            "serve",
-            "delivery",
-            "--delivery-listen",
-            "127.0.0.1:0",
-            "--delivery-database-url",
-            url,
-            "--data-dir",
-            str(data_dir),
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return run.returncode, run.stdout + run.stderr
 
 
 def _stored(url: str, name: str) -> str:
@@ -60,7 +34,7 @@ def test_a_replica_whose_shared_settings_differ_refuses_to_start_unless_told(
     try:
         assert _stored(database_url, "delivery.max_attempts") == "3"
 
-        code, output = _start_refused(
+        code, output = start_refused(
             database_url, tmp_path, "--max-attempts", "1", "--lease-ttl", "5"
         )
         assert code != 0, output

@@ -203,7 +203,7 @@ def test_a_lock_held_past_the_busy_timeout_answers_unavailable_naming_the_file(
 # -- a damaged file at start ------------------------------------------------------------------
 
 
-def _start_refused(url: str, data_dir: Path, *flags: str) -> tuple[int, str]:
+def start_refused(url: str, data_dir: Path, *flags: str) -> tuple[int, str]:
     """Runs `switchboard serve delivery`, which must exit by itself; returns its code and output."""
     run = subprocess.run(
         [
@@ -222,7 +222,7 @@ def _start_refused(url: str, data_dir: Path, *flags: str) -> tuple[int, str]:
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=30,  # it must refuse at once; a server that starts runs until then
         check=False,
     )
     return run.returncode, run.stdout + run.stderr
@@ -251,7 +251,7 @@ def test_start_up_refuses_a_file_with_damaged_pages(tmp_path: Path) -> None:
     assert integrity(path) != "ok", "the damage did not take"
 
     for flags in ((), ("--sqlite-integrity-check", "full")):
-        code, output = _start_refused(url, tmp_path, *flags)
+        code, output = start_refused(url, tmp_path, *flags)
         assert code != 0, output
         assert "is damaged" in output and str(path) in output, output
         assert "listening on" not in output, output
