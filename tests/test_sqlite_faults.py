@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import random
+import resource
 import sqlite3
 import subprocess
 import sys
@@ -198,6 +199,49 @@ def test_a_lock_held_past_the_busy_timeout_answers_unavailable_naming_the_file(
     with closing(sqlite3.connect(path)) as database:
         refs = {row[0] for row in database.execute("SELECT message_ref FROM ledger_obligation")}
     assert refs == {"before", "after"}, "the refused call wrote something"
+
+
+# -- an I/O error -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_io_error_answers_unavailable_and_service_resumes(tmp_path: Path) -> None:
+    """A write the kernel refuses: the server process may write no file beyond a size
+    (RLIMIT_FSIZE; the write fails with EFBIG, which SQLite reports as SQLITE_IOERR_WRITE)."""
+    path = tmp_path / "ledger.sqlite3"
+    server = ServerProcess(f"sqlite:///{path}", tmp_path)
+    server.start()
+    assert server.process is not None
+    pid = server.process.pid
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            gateway = Gateway(pb_grpc.DeliveryServiceStub(channel))
+            acknowledged = [gateway.record(BIG_REPLY, message_ref="m0").obligation.id]
+            largest = max(f.stat().st_size for f in tmp_path.glob("ledger.sqlite3*"))
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (largest + 65536, resource.RLIM_INFINITY))
+            error = None
+            for n in range(1, 40):  # the WAL may still have room for a few
+                try:
+                    acknowledged.append(
+                        gateway.record(BIG_REPLY, message_ref=f"m{n}").obligation.id
+                    )
+                except grpc.RpcError as failed:
+                    error = failed
+                    break
+            assert error is not None, "writes kept succeeding past the file size limit"
+            assert error.code() == grpc.StatusCode.UNAVAILABLE, error
+            assert error_reason(error) == "DATABASE_IO_ERROR"
+            assert str(path) in details(error), error
+
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+            acknowledged.append(gateway.record(BIG_REPLY, message_ref="after").obligation.id)
+            assert [get(gateway.stub, row).id for row in acknowledged] == acknowledged
+    finally:
+        assert server.terminate() == 0
+    assert integrity(path) == "ok"
+    with closing(sqlite3.connect(path)) as database:
+        [(rows,)] = database.execute("SELECT COUNT(*) FROM ledger_obligation")
+    assert rows == len(acknowledged), "a failed write left a row, or an acknowledged one is gone"
 
 
 # -- a damaged file at start ------------------------------------------------------------------
