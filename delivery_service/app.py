@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import grpc
 from prometheus_client.core import GaugeMetricFamily
@@ -12,11 +13,39 @@ from delivery_service.ledger import Ledger
 from delivery_service.servicer import DeliveryServicer
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
-from switchboard.database import DatabaseSettings, open_backend
+from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
 from switchboard.runner import TransactionRunner
+from switchboard.shared_settings import SharedSettings, shared
 
 SERVICE_NAME = delivery_service_pb2.DESCRIPTOR.services_by_name["DeliveryService"].full_name
+
+
+def agreed_limits(backend: Backend, limits: LedgerLimits, policy: SettingsMismatch) -> LedgerLimits:
+    """The limits every replica on the database must share, checked against the
+    stored ones (see `switchboard.shared_settings`); the content cap and claim
+    size are per call, so replicas may differ on them during a rollout."""
+    agreed = SharedSettings(backend).agree(
+        shared(
+            {
+                "max_attempts": ("--max-attempts", limits.max_attempts),
+                "stale_after_s": ("--stale-after", limits.stale_after_s),
+                "retention_s": ("--retention", limits.retention_s),
+                "lease_ttl_s": ("--lease-ttl", limits.lease_ttl_s),
+                "backoff_s": ("--backoff", list(limits.backoff_s)),
+            },
+            "delivery",
+        ),
+        policy,
+    )
+    return replace(
+        limits,
+        max_attempts=int(agreed["delivery.max_attempts"]),
+        stale_after_s=float(agreed["delivery.stale_after_s"]),
+        retention_s=float(agreed["delivery.retention_s"]),
+        lease_ttl_s=float(agreed["delivery.lease_ttl_s"]),
+        backoff_s=tuple(float(step) for step in agreed["delivery.backoff_s"]),
+    )
 
 
 class DeliveryUnit:
@@ -25,10 +54,12 @@ class DeliveryUnit:
     service_name = SERVICE_NAME
 
     def __init__(self, database: DatabaseSettings, limits: LedgerLimits | None = None) -> None:
-        self.limits = limits or LedgerLimits()
         backend = open_backend(database)
-        self.store = LedgerStore(backend, self.limits)
+        self.store = LedgerStore(backend, limits or LedgerLimits())
         self.store.create_schema()
+        self.limits = agreed_limits(backend, self.store.limits, database.on_settings_mismatch)
+        if self.limits != self.store.limits:  # adopted the database's
+            self.store = LedgerStore(backend, self.limits)
         self.runner = TransactionRunner(backend, database)
         self.ledger = Ledger(self.runner, self.store, self.limits)
 

@@ -28,6 +28,7 @@ from delivery_service.records import (
 from delivery_service.state_machine import OWED, TERMINAL, LedgerLimits, State
 from switchboard import pagination
 from switchboard.database import Backend, bind_model, tuples
+from switchboard.shared_settings import SharedSettings
 
 
 class InstanceRow(peewee.Model):
@@ -106,7 +107,10 @@ class LedgerStore:
 
     def create_schema(self) -> None:
         with self.backend.database.connection_context():
-            self.backend.database.create_tables([self.Instance, self.Obligation], safe=True)
+            self.backend.database.create_tables(
+                [self.Instance, self.Obligation, *SharedSettings(self.backend).models()],
+                safe=True,
+            )
 
     # -- instances ------------------------------------------------------------------------
 

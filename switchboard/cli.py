@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from switchboard import operators
 from switchboard.auth import parse_tokens
-from switchboard.database import DatabaseSettings
+from switchboard.database import DatabaseSettings, StartupRefused
 from switchboard.observability import (
     RpcMetrics,
     StateCollector,
@@ -35,7 +36,19 @@ def _backoff(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[
     return steps
 
 
-@click.group()
+class _Commands(click.Group):
+    """The command group; a database that must not be served ends the command with
+    its reason and exit code 1, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except StartupRefused as refused:
+            logging.getLogger("switchboard").error("refusing to start: %s", refused)
+            raise click.ClickException(str(refused)) from refused
+
+
+@click.group(cls=_Commands)
 @click.option(
     "--log-level",
     default="INFO",
@@ -111,6 +124,28 @@ def main(log_level: str, log_format: str) -> None:
     show_default=True,
     type=click.Choice(["FULL", "NORMAL"]),
     help="FULL survives power loss; NORMAL (WAL) only process crashes.",
+)
+@click.option(
+    "--sqlite-integrity-check",
+    default="quick",
+    envvar="SWITCHBOARD_SQLITE_INTEGRITY_CHECK",
+    show_default=True,
+    type=click.Choice(["quick", "full", "off"]),
+    help="Check SQLite files at start and refuse damaged ones: quick (PRAGMA quick_check, "
+    "about 1 s per GB), full (integrity_check, also every index; about 5 times slower) "
+    "or off.",
+)
+@click.option(
+    "--on-settings-mismatch",
+    default="refuse",
+    envvar="SWITCHBOARD_ON_SETTINGS_MISMATCH",
+    show_default=True,
+    type=click.Choice(["refuse", "adopt", "overwrite"]),
+    help="Replicas on one database must share --max-attempts, --stale-after, --retention, "
+    "--lease-ttl and --backoff; the first to start stores them there. When this replica's "
+    "differ (each difference is logged): refuse to start, adopt the stored values, or "
+    "overwrite them with this replica's (replicas already running keep theirs until "
+    "restarted).",
 )
 @click.option("--db-pool-size", default=10, envvar="SWITCHBOARD_DB_POOL_SIZE", show_default=True)
 @click.option(
@@ -209,6 +244,8 @@ def serve(
     delivery_listen: str,
     delivery_database_url: str | None,
     sqlite_synchronous: str,
+    sqlite_integrity_check: str,
+    on_settings_mismatch: str,
     db_pool_size: int,
     db_writer_threads: int,
     max_attempts: int,
@@ -237,6 +274,8 @@ def serve(
             sqlite_synchronous=sqlite_synchronous,  # type: ignore[arg-type]
             pool_size=db_pool_size,
             writer_threads=db_writer_threads,
+            sqlite_integrity_check=sqlite_integrity_check,  # type: ignore[arg-type]
+            on_settings_mismatch=on_settings_mismatch,  # type: ignore[arg-type]
         )
 
     try:

@@ -15,9 +15,17 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 
 import peewee
 
+from switchboard.errors import DomainError
+
 M = TypeVar("M", bound=peewee.Model)
 
 SqliteSync = Literal["FULL", "NORMAL"]
+#: What SQLite start-up checks before serving: `PRAGMA quick_check` (milliseconds),
+#: the full `PRAGMA integrity_check` (also every index against its table), or nothing.
+IntegrityCheck = Literal["quick", "full", "off"]
+#: What a replica does when the settings replicas must share differ from the ones
+#: stored in the database (`switchboard.shared_settings`).
+SettingsMismatch = Literal["refuse", "adopt", "overwrite"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,13 @@ class DatabaseSettings:
     writer_threads: int = 4
     reader_threads: int = 4
     max_batch: int = 128
+    sqlite_integrity_check: IntegrityCheck = "quick"
+    on_settings_mismatch: SettingsMismatch = "refuse"
+
+
+class StartupRefused(Exception):
+    """The database must not be served (damaged, or its stored settings disagree):
+    the process says why and exits non-zero instead of starting."""
 
 
 class Backend(Protocol):
@@ -58,6 +73,11 @@ class Backend(Protocol):
     def probe(self) -> None:
         """Raises `switchboard.errors.Unavailable` when the database cannot serve
         calls now (what health checking reports); returns quickly either way."""
+        ...
+
+    def translate(self, exc: BaseException) -> DomainError | None:
+        """The domain error a database fault means (UNAVAILABLE, RESOURCE_EXHAUSTED),
+        or None when `exc` is no fault of the database (a bug: INTERNAL)."""
         ...
 
 

@@ -9,6 +9,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 from playhouse.pool import PooledPostgresqlDatabase
 
 from switchboard.database import DatabaseSettings
+from switchboard.errors import DomainError
 
 
 class PostgresBackend:
@@ -44,3 +45,7 @@ class PostgresBackend:
         # Placeholder until the fault-handling work: a plain round trip.
         with self.database.connection_context():
             self.database.execute_sql("SELECT 1")
+
+    def translate(self, exc: BaseException) -> DomainError | None:
+        # Placeholder until the Postgres fault-handling work classifies connection errors.
+        return None

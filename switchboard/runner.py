@@ -161,6 +161,12 @@ class TransactionRunner:
         except DomainError as refused:
             return False, refused  # rolled back: a refused call writes nothing
         except Exception as exc:
+            # -- sqlitefaults (issue 10 item 3): a database fault answers as the domain
+            # error it means (UNAVAILABLE / RESOURCE_EXHAUSTED), logged by the backend.
+            fault = self.backend.translate(exc)
+            if fault is not None:
+                return False, fault
+            # -- end sqlitefaults
             log.exception("write transaction failed")
             return False, exc
 
