@@ -9,9 +9,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from delivery_service.ledger import Ledger
+from delivery_service.migrations import DELIVERY_SCHEMA
 from delivery_service.servicer import DeliveryServicer
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
+from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
 from switchboard.runner import TransactionRunner
@@ -24,11 +26,19 @@ class DeliveryUnit:
 
     service_name = SERVICE_NAME
 
-    def __init__(self, database: DatabaseSettings, limits: LedgerLimits | None = None) -> None:
+    def __init__(
+        self,
+        database: DatabaseSettings,
+        limits: LedgerLimits | None = None,
+        *,
+        migrate: bool = True,
+    ) -> None:
+        """`migrate`: apply pending schema migrations (off: refuse to start when behind).
+        Raises `switchboard.migrations.SchemaError` when the schema cannot be used."""
         self.limits = limits or LedgerLimits()
         backend = open_backend(database)
+        migrations.prepare(backend, DELIVERY_SCHEMA, migrate_behind=migrate)
         self.store = LedgerStore(backend, self.limits)
-        self.store.create_schema()
         self.runner = TransactionRunner(backend, database)
         self.ledger = Ledger(self.runner, self.store, self.limits)
 

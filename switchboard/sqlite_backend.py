@@ -40,6 +40,11 @@ class SqliteBackend:
         transaction: AbstractContextManager[Any] = self.database.atomic("IMMEDIATE")
         return transaction
 
+    def migration_lock(self, key: int) -> AbstractContextManager[Any]:
+        # The file has one write lock; IMMEDIATE takes it before the first read.
+        del key
+        return self.write_transaction()
+
     def now(self) -> float:
         # SQLite has no server: the database's clock is this host's clock.
         return time.time()

@@ -29,7 +29,7 @@ def as_dict(message: Message) -> dict[str, Any]:
 
 def read_sessions(stub: spb_grpc.SessionServiceStub, head: int) -> dict[str, Any]:
     """Every agent and session, and the global log's events 1..`head`."""
-    agents = []
+    agents: list[spb.Agent] = []
     token = ""
     while True:
         page = stub.ListAgents(
@@ -44,15 +44,15 @@ def read_sessions(stub: spb_grpc.SessionServiceStub, head: int) -> dict[str, Any
     for agent in agents:
         name = agent.name
         got = stub.GetAgent(spb.GetAgentRequest(name=name), timeout=TIMEOUT_S).agent
-        sessions = []
+        sessions: list[spb.Session] = []
         token = ""
         while True:
-            page = stub.ListSessions(
+            listed = stub.ListSessions(
                 spb.ListSessionsRequest(agent=name, page_size=1, page_token=token),
                 timeout=TIMEOUT_S,
             )
-            sessions.extend(page.sessions)
-            token = page.next_page_token
+            sessions.extend(listed.sessions)
+            token = listed.next_page_token
             if not token:
                 break
         read["agents"][name] = {"agent": as_dict(got), "listed": as_dict(agent), "sessions": {}}
@@ -64,10 +64,14 @@ def read_sessions(stub: spb_grpc.SessionServiceStub, head: int) -> dict[str, Any
                 "session": as_dict(stub.GetSession(spb.GetSessionRequest(**key)).session),
                 "listed": as_dict(session),
                 "state": as_dict(state.state),
-                "history": as_dict(stub.GetHistory(spb.GetHistoryRequest(**key, limit=1000))),
+                "history": as_dict(
+                    stub.GetHistory(spb.GetHistoryRequest(agent=name, session_id=sid, limit=1000))
+                ),
                 "audit_history": as_dict(
                     stub.GetHistory(
-                        spb.GetHistoryRequest(**key, limit=1000, include_abandoned=True)
+                        spb.GetHistoryRequest(
+                            agent=name, session_id=sid, limit=1000, include_abandoned=True
+                        )
                     )
                 ),
             }
@@ -97,7 +101,7 @@ def _events(stub: spb_grpc.SessionServiceStub, head: int) -> list[dict[str, Any]
 def read_ledger(stub: dpb_grpc.DeliveryServiceStub, instance_ids: list[str]) -> dict[str, Any]:
     """Every obligation (listed and fetched one by one), the given instances, and the
     counts by state."""
-    obligations = []
+    obligations: list[dpb.Obligation] = []
     token = ""
     while True:
         page = stub.ListObligations(

@@ -25,7 +25,7 @@ class Written:
     instance_ids: list[str]
 
 
-def _message(role: int, content: str) -> spb.SessionEventInput:
+def _message(role: spb.Role.ValueType, content: str) -> spb.SessionEventInput:
     return spb.SessionEventInput(
         message_appended=spb.MessageAppended(message=spb.Message(role=role, content=content))
     )
