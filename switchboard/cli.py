@@ -451,6 +451,10 @@ def status_command(
     from switchboard.database import open_backend
 
     for component, url in _schemas(which, data_dir, session_database_url, delivery_database_url):
+        path = Path(url.removeprefix("sqlite:///"))
+        if url.startswith("sqlite:///") and not path.exists():  # reading must not create it
+            click.echo(f"{component.name}: no database file at {path} (`db migrate` creates it)")
+            continue
         backend = open_backend(DatabaseSettings(url=url))
         found = migrations.status(backend, component)
         backend.database.close()
