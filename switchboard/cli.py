@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import peewee
 from prometheus_client import CollectorRegistry
 
 from switchboard import migrations, operators
@@ -456,8 +457,12 @@ def status_command(
             click.echo(f"{component.name}: no database file at {path} (`db migrate` creates it)")
             continue
         backend = open_backend(DatabaseSettings(url=url))
-        found = migrations.status(backend, component)
-        backend.database.close()
+        try:
+            found = migrations.status(backend, component)
+        except peewee.OperationalError as unreachable:
+            raise click.ClickException(f"{_redacted(url)}: {unreachable}") from unreachable
+        finally:
+            backend.database.close()
         verdict = (
             "up to date"
             if found.database_version == found.code_version
@@ -493,6 +498,8 @@ def migrate_command(
             report = migrations.migrate(backend, component)
         except migrations.SchemaError as refused:
             raise click.ClickException(str(refused)) from refused
+        except peewee.OperationalError as unreachable:
+            raise click.ClickException(f"{_redacted(url)}: {unreachable}") from unreachable
         finally:
             backend.database.close()
         if not report.applied:
