@@ -10,9 +10,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from delivery_service.ledger import Ledger
+from delivery_service.migrations import DELIVERY_SCHEMA
 from delivery_service.servicer import DeliveryServicer
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
+from switchboard import migrations
 from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
 from switchboard.runner import TransactionRunner
@@ -53,13 +55,20 @@ class DeliveryUnit:
 
     service_name = SERVICE_NAME
 
-    def __init__(self, database: DatabaseSettings, limits: LedgerLimits | None = None) -> None:
+    def __init__(
+        self,
+        database: DatabaseSettings,
+        limits: LedgerLimits | None = None,
+        *,
+        migrate: bool = True,
+    ) -> None:
+        """`migrate`: apply pending schema migrations (off: refuse to start when behind).
+        Raises `switchboard.migrations.SchemaError` when the schema cannot be used."""
         backend = open_backend(database)
-        self.store = LedgerStore(backend, limits or LedgerLimits())
-        self.store.create_schema()
-        self.limits = agreed_limits(backend, self.store.limits, database.on_settings_mismatch)
-        if self.limits != self.store.limits:  # adopted the database's
-            self.store = LedgerStore(backend, self.limits)
+        migrations.prepare(backend, DELIVERY_SCHEMA, migrate_behind=migrate)
+        wanted = limits or LedgerLimits()
+        self.limits = agreed_limits(backend, wanted, database.on_settings_mismatch)
+        self.store = LedgerStore(backend, self.limits)
         self.runner = TransactionRunner(backend, database)
         self.ledger = Ledger(self.runner, self.store, self.limits)
 

@@ -28,7 +28,6 @@ from delivery_service.records import (
 from delivery_service.state_machine import OWED, TERMINAL, LedgerLimits, State
 from switchboard import pagination
 from switchboard.database import Backend, bind_model, tuples
-from switchboard.shared_settings import SharedSettings
 
 
 class InstanceRow(peewee.Model):
@@ -104,13 +103,6 @@ class LedgerStore:
     def _sql(self, text: str) -> str:
         """`?` placeholders in the backend's parameter style."""
         return text.replace("?", self._param)
-
-    def create_schema(self) -> None:
-        with self.backend.database.connection_context():
-            self.backend.database.create_tables(
-                [self.Instance, self.Obligation, *SharedSettings(self.backend).models()],
-                safe=True,
-            )
 
     # -- instances ------------------------------------------------------------------------
 

@@ -191,12 +191,6 @@ class LogStore:
             "session_agent", _AGENT_COLUMNS
         )
 
-    def create_schema(self) -> None:
-        with self.database.connection_context():
-            self.database.create_tables(self.models, safe=True)
-            self.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
-            self.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
-
     # -- the timeline -----------------------------------------------------------------------
 
     def timeline(self) -> Timeline:

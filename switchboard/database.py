@@ -66,6 +66,12 @@ class Backend(Protocol):
 
     def write_transaction(self) -> AbstractContextManager[Any]: ...
 
+    def migration_lock(self, key: int) -> AbstractContextManager[Any]:
+        """A write transaction that first takes the schema lock `key` (one per
+        component), held until it ends: concurrent starters wait, then see the
+        schema as the first one left it."""
+        ...
+
     def now(self) -> float:
         """Seconds since the epoch on the database's clock."""
         ...

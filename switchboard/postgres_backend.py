@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -35,6 +36,14 @@ class PostgresBackend:
     def write_transaction(self) -> AbstractContextManager[Any]:
         transaction: AbstractContextManager[Any] = self.database.atomic()
         return transaction
+
+    @contextmanager
+    def migration_lock(self, key: int) -> Iterator[None]:
+        # A transaction-level advisory lock: released by the commit (or rollback)
+        # of the transaction whose DDL it guards, never left behind by a crash.
+        with self.database.atomic():
+            self.database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (key,))
+            yield
 
     def now(self) -> float:
         # The database's clock, so replicas with skewed clocks agree on leases.

@@ -37,7 +37,7 @@ class SharedSettingRow(peewee.Model):
     value = peewee.TextField()  # JSON
 
     class Meta:
-        table_name = "switchboard_shared_setting"
+        table_name = "switchboard_shared_setting"  # created by delivery migration 2
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,6 @@ class SharedSettings:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.Setting = bind_model(SharedSettingRow, backend.database)
-
-    def models(self) -> list[type[peewee.Model]]:
-        """The tables to create with the store's schema."""
-        return [self.Setting]
 
     def agree(self, settings: list[Shared], policy: SettingsMismatch) -> dict[str, Any]:
         """Stores the settings the database lacks and compares the others; returns

@@ -83,7 +83,7 @@ class SqliteBackend:
                 self.file.remember()
                 self._check_integrity(check)
                 self.clock = anchored_clock(self.database, self.path)
-        except peewee.DatabaseError as exc:
+        except (peewee.DatabaseError, sqlite3.DatabaseError) as exc:
             fault = self.translate(exc)
             raise StartupRefused(
                 f"cannot open the SQLite database {self.path}: {fault.message if fault else exc}"
@@ -97,7 +97,8 @@ class SqliteBackend:
         try:
             rows = self.database.execute_sql(f"PRAGMA {pragma}({CHECK_REPORT_LINES})")
             problems = [str(row[0]) for row in rows.fetchall()]
-        except peewee.DatabaseError as exc:
+        # Rows are fetched outside peewee's wrapper: sqlite3's own error may come instead.
+        except (peewee.DatabaseError, sqlite3.DatabaseError) as exc:
             fault = self.translate(exc)
             if fault is None or fault.reason != "DATABASE_DAMAGED":
                 raise
@@ -130,6 +131,11 @@ class SqliteBackend:
         # A commit into a file that was deleted or replaced meanwhile is lost:
         # say so instead of acknowledging it.
         self.file.check()
+
+    def migration_lock(self, key: int) -> AbstractContextManager[Any]:
+        # The file has one write lock; IMMEDIATE takes it before the first read.
+        del key
+        return self.write_transaction()
 
     def now(self) -> float:
         return self.clock.now()

@@ -103,11 +103,11 @@ def fill(disk: Path) -> Path:
     """Writes a file until the disk has no space left; returns it."""
     filler = disk / "filler"
     chunk = b"\0" * 65536
-    with open(filler, "wb") as out:
+    # Unbuffered: a buffer left over from the failed write would fail again at close.
+    with open(filler, "wb", buffering=0) as out:
         try:
             while True:
                 out.write(chunk)
-                out.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC, exc
     return filler
