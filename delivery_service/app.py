@@ -14,6 +14,7 @@ from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
+from switchboard.idempotency import RequestStore
 from switchboard.runner import TransactionRunner
 
 SERVICE_NAME = delivery_service_pb2.DESCRIPTOR.services_by_name["DeliveryService"].full_name
@@ -30,11 +31,12 @@ class DeliveryUnit:
         self.store = LedgerStore(backend, self.limits)
         self.store.create_schema()
         self.runner = TransactionRunner(backend, database)
+        self.requests = RequestStore(backend, self.limits.request_id_window_s)
         self.ledger = Ledger(self.runner, self.store, self.limits)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         delivery_service_pb2_grpc.add_DeliveryServiceServicer_to_server(
-            DeliveryServicer(self.ledger), server
+            DeliveryServicer(self.ledger, self.requests), server
         )
 
     def close(self) -> None:

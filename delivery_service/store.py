@@ -26,7 +26,7 @@ from delivery_service.records import (
     ObligationFilter,
 )
 from delivery_service.state_machine import OWED, TERMINAL, LedgerLimits, State
-from switchboard import pagination
+from switchboard import idempotency, pagination
 from switchboard.database import Backend, bind_model, tuples
 
 
@@ -107,6 +107,7 @@ class LedgerStore:
     def create_schema(self) -> None:
         with self.backend.database.connection_context():
             self.backend.database.create_tables([self.Instance, self.Obligation], safe=True)
+            idempotency.create_schema(self.backend.database)
 
     # -- instances ------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from session_service.log_store import LogStore
 from session_service.servicer import SessionServicer
 from session_service.sessions import SessionLimits, Sessions
 from switchboard.database import DatabaseSettings, open_backend
+from switchboard.idempotency import RequestStore
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
 
@@ -30,12 +31,13 @@ class SessionUnit:
         self.store = LogStore(backend)
         self.store.create_schema()
         self.runner = TransactionRunner(backend, database)
+        self.requests = RequestStore(backend, self.limits.request_id_window_s)
         self.sessions = Sessions(self.runner, self.store, self.limits)
         self.head = recovery.verify(self.sessions)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-            SessionServicer(self.sessions), server
+            SessionServicer(self.sessions, self.requests), server
         )
 
     def close(self) -> None:

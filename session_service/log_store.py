@@ -20,6 +20,7 @@ import peewee
 
 from session_service import replay
 from session_service.timeline import Timeline
+from switchboard import idempotency
 from switchboard.database import Backend, bind_model, dicts, tuples
 from switchboard.session.v1 import session_service_pb2 as pb
 
@@ -194,6 +195,7 @@ class LogStore:
     def create_schema(self) -> None:
         with self.database.connection_context():
             self.database.create_tables(self.models, safe=True)
+            idempotency.create_schema(self.database)
             self.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
             self.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
 

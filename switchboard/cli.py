@@ -157,6 +157,15 @@ def main(log_level: str, log_format: str) -> None:
     show_default=True,
 )
 @click.option(
+    "--request-id-window",
+    default=86400.0,
+    type=click.FloatRange(min=0, min_open=True),
+    envvar="SWITCHBOARD_REQUEST_ID_WINDOW_S",
+    show_default=True,
+    help="Seconds a call's request id and answer are kept, so that a retry with the "
+    "same id is answered without running again (both services).",
+)
+@click.option(
     "--max-concurrent-rpcs",
     default=None,
     type=int,
@@ -217,6 +226,7 @@ def serve(
     lease_ttl: float,
     backoff: tuple[float, ...],
     max_content_bytes: int,
+    request_id_window: float,
     max_concurrent_rpcs: int | None,
     drain_grace: float,
     metrics_listen: str,
@@ -264,7 +274,10 @@ def serve(
     urls: dict[int, str] = {}
     if which in ("all", "session"):
         settings = database(session_database_url, "session.sqlite3")
-        unit = SessionUnit(settings, SessionLimits(snapshot_every=snapshot_every))
+        unit = SessionUnit(
+            settings,
+            SessionLimits(snapshot_every=snapshot_every, request_id_window_s=request_id_window),
+        )
         apps.append(GrpcApp(unit, server(session_listen)))
         urls[id(apps[-1])] = _redacted(settings.url)
     if which in ("all", "delivery"):
@@ -276,6 +289,7 @@ def serve(
             lease_ttl_s=lease_ttl,
             backoff_s=backoff,
             max_content_bytes=max_content_bytes,
+            request_id_window_s=request_id_window,
         )
         apps.append(GrpcApp(DeliveryUnit(settings, limits), server(delivery_listen)))
         urls[id(apps[-1])] = _redacted(settings.url)
