@@ -245,8 +245,8 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     ) -> pb.Session:
         return await self.continuity.suspend(request.agent, request.session_id, request.suspended)
 
+    @mutation(lambda found: pb.ListResumableResponse(sessions=found[0], expired=found[1]))
     async def ListResumable(  # noqa: N802
         self, request: pb.ListResumableRequest, context: Context
-    ) -> pb.ListResumableResponse:
-        fresh, expired = await self.continuity.list_resumable(request.agent)
-        return pb.ListResumableResponse(sessions=fresh, expired=expired)
+    ) -> tuple[list[pb.Session], list[pb.Session]]:
+        return await self.continuity.list_resumable(request.agent)
