@@ -6,9 +6,12 @@ commit):
 
 1. prune a bounded batch of expired records, when due;
 2. insert the record (caller's principal, request id, method, fingerprint of
-   the request) first: the unique key (principal, request_id) makes a racing
-   attempt with the same id wait for this transaction on Postgres, or find the
-   committed row (SQLite has one writer anyway);
+   the request) first, on the unique key (principal, request_id). On Postgres
+   the attempt first takes a transaction-scoped advisory lock on the id without
+   waiting: an attempt racing one still open answers UNAVAILABLE
+   (REQUEST_IN_FLIGHT; the clients retry it with the same id and get the
+   replay), because waiting inside a group-commit batch could deadlock. A racer
+   in the same batch holds the lock already and finds the record;
 3. if the insert found a record: the same method and fingerprint replay the
    stored answer (`Replayed`), anything else is REQUEST_ID_REUSED; either way
    the op does not run and nothing is written;
@@ -25,6 +28,7 @@ consumes. Nothing here knows protobuf: the answer arrives as an encoder.
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import re
 import time
 from collections.abc import Callable
@@ -34,7 +38,7 @@ from typing import Any, TypeVar
 import peewee
 
 from switchboard.database import Backend, bind_model
-from switchboard.errors import Aborted, DomainError, InvalidArgument
+from switchboard.errors import DomainError, InvalidArgument, Unavailable
 
 T = TypeVar("T")
 
@@ -134,6 +138,23 @@ class RequestStore:
             f"ORDER BY created_at LIMIT {PRUNE_BATCH}{skip})"
         )
         self._next_prune = 0.0  # monotonic; per process, a hint, not a guarantee
+        # With concurrent writers (Postgres), an insert that meets another open
+        # transaction's record for the same id would wait for it while this
+        # transaction may already hold locks an earlier op of its group-commit
+        # batch took: a deadlock. So an attempt first tries a transaction-scoped
+        # lock on the id and never waits for it; SQLite has one writer anyway.
+        # (A candidate for a Backend method, with the other dialect differences.)
+        self._try_lock = (
+            sql("SELECT pg_try_advisory_xact_lock(?)") if backend.skip_locked else None
+        )
+
+    def try_lock(self, principal: str, request_id: str) -> bool:
+        """False when another open transaction is working on this id right now."""
+        if self._try_lock is None:
+            return True
+        digest = hashlib.sha256(f"{principal}\0{request_id}".encode()).digest()
+        key = int.from_bytes(digest[:8], "big", signed=True)
+        return bool(self._database.execute_sql(self._try_lock, (key,)).fetchone()[0])
 
     def insert(self, now: float, principal: str, request_id: str, method: str, print_: str) -> bool:
         """Inserts a record without an answer yet; False when the id is taken."""
@@ -194,6 +215,11 @@ class RequestGuard:
         store = self.store
         store.prune_if_due(now)
         key = (self.principal, self.request_id)
+        if not store.try_lock(*key):
+            raise Unavailable(
+                "REQUEST_IN_FLIGHT",
+                "an attempt with this request_id is still running; retry with the same id",
+            )
         if not store.insert(now, *key, self.method, self.fingerprint):
             stored = store.get(*key)
             if stored is not None and stored.created_at < now - store.window_s:
@@ -202,10 +228,7 @@ class RequestGuard:
             if stored is not None:
                 self._refuse_reuse(stored)
                 raise Replayed(stored.response)
-            if not store.insert(now, *key, self.method, self.fingerprint):
-                raise Aborted(  # taken again in between (another replica's retry): rare
-                    "REQUEST_IN_FLIGHT", "another attempt with this request_id is running; retry"
-                )
+            store.insert(now, *key, self.method, self.fingerprint)  # under our lock: free
         result = op(now)
         if isinstance(result, NotAnAnswer):
             store.forget(*key)

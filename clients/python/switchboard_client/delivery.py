@@ -20,7 +20,7 @@ import grpc
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from switchboard_client._base import MAX_CALL_TIMEOUT as MAX_CALL_TIMEOUT
-from switchboard_client._base import BaseClient, service_config
+from switchboard_client._base import MUTATION_ATTEMPTS, BaseClient, service_config
 from switchboard_client._base import duration as _duration
 from switchboard_client.errors import SwitchboardError
 
@@ -75,6 +75,7 @@ class DeliveryClient(BaseClient):
         best_effort_timeout_s: float = 2.0,
         channel: grpc.Channel | None = None,
         token: str | None = None,
+        mutation_attempts: int = MUTATION_ATTEMPTS,
     ) -> None:
         """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors),
         `token` for a server with authentication on.
@@ -82,7 +83,12 @@ class DeliveryClient(BaseClient):
         A channel passed in stays the caller's: `close()` leaves it open.
         """
         super().__init__(
-            target, config=SERVICE_CONFIG, timeout_s=timeout_s, channel=channel, token=token
+            target,
+            config=SERVICE_CONFIG,
+            timeout_s=timeout_s,
+            channel=channel,
+            token=token,
+            mutation_attempts=mutation_attempts,
         )
         self.best_effort_timeout_s = best_effort_timeout_s
         self._stub = pb_grpc.DeliveryServiceStub(self._channel)

@@ -18,7 +18,7 @@ from google.protobuf import field_mask_pb2
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
-from switchboard_client._base import BaseClient, service_config
+from switchboard_client._base import MUTATION_ATTEMPTS, BaseClient, service_config
 from switchboard_client.errors import SwitchboardError, from_rpc_error
 
 SERVICE_NAME = "switchboard.session.v1.SessionService"
@@ -138,6 +138,7 @@ class SessionClient(BaseClient):
         timeout_s: float = 5.0,
         channel: grpc.Channel | None = None,
         token: str | None = None,
+        mutation_attempts: int = MUTATION_ATTEMPTS,
     ) -> None:
         """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors),
         `token` for a server with authentication on.
@@ -145,7 +146,12 @@ class SessionClient(BaseClient):
         A channel passed in stays the caller's: `close()` leaves it open.
         """
         super().__init__(
-            target, config=SERVICE_CONFIG, timeout_s=timeout_s, channel=channel, token=token
+            target,
+            config=SERVICE_CONFIG,
+            timeout_s=timeout_s,
+            channel=channel,
+            token=token,
+            mutation_attempts=mutation_attempts,
         )
         self._stub = pb_grpc.SessionServiceStub(self._channel)
 
