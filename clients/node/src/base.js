@@ -82,10 +82,13 @@ export class BaseClient {
     let constructor = /** @type {any} */ (definitions.grpcObject);
     for (const part of serviceName.split('.')) constructor = constructor?.[part];
     if (typeof constructor !== 'function') throw new Error(`${serviceName} is not in the loaded protos`);
+    /** The service's fully qualified name. */
+    this.serviceName = serviceName;
     /** RPC names whose requests carry a request id: the calls that write. */
     this.requestIdMethods = new Set(
       Object.entries(/** @type {Record<string, any>} */ (this.packageDefinition[serviceName]))
-        .filter(([, rpc]) => rpc.requestType.type.field.some((/** @type {any} */ f) => f.name === 'request_id'))
+        // proto-loader names fields as the client sees them (camelCase).
+        .filter(([, rpc]) => rpc.requestType.type.field.some((/** @type {any} */ f) => f.name === 'requestId'))
         .map(([name]) => name),
     );
     /** @type {grpc.Client & Record<string, Function>} */
@@ -94,8 +97,6 @@ export class BaseClient {
       'grpc.service_config': JSON.stringify(this.serviceConfig()),
       ...(options.channelOptions ?? {}),
     });
-    /** The service's fully qualified name. */
-    this.serviceName = serviceName;
     /** The default deadline of unary calls, in ms. */
     this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
     /** Attempts of a call that writes. */
