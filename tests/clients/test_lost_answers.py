@@ -16,6 +16,7 @@ import inspect
 import os
 import random
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -356,3 +357,46 @@ def postgres_url() -> Iterator[str]:
         pytest.skip(reason)
     with postgres_schema() as url:
         yield url
+
+
+def test_an_answer_held_past_the_deadline_is_retried_with_a_fresh_deadline(
+    database_url: str, loop_thread: EventLoopThread
+) -> None:
+    """DEADLINE_EXCEEDED is final for gRPC's own retries (the deadline spans them);
+    the client's loop gives each attempt a deadline of its own, with the same id."""
+    with ExitStack() as stack:
+        delivery = stack.enter_context(delivery_server(loop_thread, database_url))
+        host, port = delivery.address.rsplit(":", 1)
+        proxy = stack.enter_context(TcpProxy((host, int(port))))
+        held = threading.Event()
+
+        def hold_one_answer(link: Link, chunk: bytes) -> bool:
+            if link.sent_by_client <= HANDSHAKE_BYTES or held.is_set():
+                return True
+            held.set()
+            time.sleep(1.0)  # past the attempt's 0.3 s deadline; then the link drops
+            return False
+
+        with DeliveryClient(delivery.address) as direct:
+            instance = direct.register("gw", ["slack"]).instance_id
+        for attempts, expect_ok in ((1, False), (3, True)):
+            held.clear()
+            proxy.on_reply = hold_one_answer
+            with DeliveryClient(proxy.address, timeout_s=0.3, mutation_attempts=attempts) as client:
+                content = f"held-{attempts}"
+                try:
+                    answer = client.record(
+                        instance,
+                        session_key="held",
+                        content=content,
+                        platform="slack",
+                        chat_id="C1",
+                    )
+                except SwitchboardError as error:
+                    assert not expect_ok and error.code is grpc.StatusCode.DEADLINE_EXCEEDED
+                else:
+                    assert expect_ok and answer.created
+            proxy.on_reply = None
+        contents, _, _ = _ledger(delivery)
+        assert contents["held-1"] == 1  # the first attempt ran though its answer was lost
+        assert contents["held-3"] == 1  # retried, written once
