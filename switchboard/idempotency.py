@@ -144,9 +144,7 @@ class RequestStore:
         # batch took: a deadlock. So an attempt first tries a transaction-scoped
         # lock on the id and never waits for it; SQLite has one writer anyway.
         # (A candidate for a Backend method, with the other dialect differences.)
-        self._try_lock = (
-            sql("SELECT pg_try_advisory_xact_lock(?)") if backend.skip_locked else None
-        )
+        self._try_lock = sql("SELECT pg_try_advisory_xact_lock(?)") if backend.skip_locked else None
 
     def try_lock(self, principal: str, request_id: str) -> bool:
         """False when another open transaction is working on this id right now."""
