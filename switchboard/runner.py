@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from switchboard import idempotency
 from switchboard.database import Backend, DatabaseSettings
 from switchboard.errors import DomainError
 
@@ -84,7 +85,7 @@ class TransactionRunner:
     def submit_write(self, op: Callable[[float], T]) -> Future[T]:
         """Queue `op(now)` to run inside a write transaction; the future resolves after commit."""
         future: Future[T] = Future()
-        self._queue.put(_WriteOp(op, future))
+        self._queue.put(_WriteOp(idempotency.guard_pending(op), future))
         return future
 
     def submit_read(self, op: Callable[[], T]) -> Future[T]:
@@ -93,7 +94,7 @@ class TransactionRunner:
     async def write(self, op: Callable[[float], T]) -> T:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put(_WriteOp(op, future, loop))
+        self._queue.put(_WriteOp(idempotency.guard_pending(op), future, loop))
         return await future
 
     async def read(self, op: Callable[[], T]) -> T:
