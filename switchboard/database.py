@@ -60,6 +60,10 @@ class Backend(Protocol):
     #: " FOR UPDATE" on Postgres; empty on SQLite, whose IMMEDIATE transactions
     #: hold the database's one write lock already.
     for_update: str
+    #: An SQL expression of one integer parameter that tries to take a lock on it
+    #: until the transaction ends, without waiting, and is true when it did: Postgres'
+    #: `pg_try_advisory_xact_lock`; always true on SQLite, whose writers take turns.
+    try_lock_sql: str
 
     @property
     def database(self) -> peewee.Database: ...

@@ -5,17 +5,18 @@ A call that carries a request id (AIP-155) runs its write op wrapped by
 commit):
 
 1. prune a bounded batch of expired records, when due;
-2. insert the record (caller's principal, request id, method, fingerprint of
-   the request) first, on the unique key (principal, request_id). On Postgres
-   the attempt first takes a transaction-scoped advisory lock on the id without
-   waiting: an attempt racing one still open answers UNAVAILABLE
-   (REQUEST_IN_FLIGHT; the clients retry it with the same id and get the
-   replay), because waiting inside a group-commit batch could deadlock. A racer
-   in the same batch holds the lock already and finds the record;
-3. if the insert found a record: the same method and fingerprint replay the
-   stored answer (`Replayed`), anything else is REQUEST_ID_REUSED; either way
-   the op does not run and nothing is written;
-4. else run the op and store the serialized answer in the record.
+2. in one statement, try to lock the id for the rest of the transaction and
+   read its record (caller's principal, request id). On Postgres the lock is a
+   transaction-scoped advisory lock taken without waiting: an attempt racing one
+   still open answers UNAVAILABLE (REQUEST_IN_FLIGHT; the clients retry it with
+   the same id and get the replay), because waiting inside a group-commit batch
+   could deadlock. A racer in the same batch holds the lock already and finds
+   the record; SQLite's writers take turns anyway;
+3. if there is a record: the same method and fingerprint replay the stored
+   answer (`Replayed`), anything else is REQUEST_ID_REUSED; either way the op
+   does not run and nothing is written;
+4. else run the op and insert the record with its serialized answer (no other
+   transaction can insert it meanwhile: it would need the lock).
 
 So "committed" and "recorded" cannot disagree, and a failed op (a domain error
 rolls its savepoint back) leaves no record: its retry runs again.
@@ -132,17 +133,22 @@ class RequestStore:
         self.Record = bind_model(RequestRecord, backend.database, table)
         self._database: Any = backend.database
         sql = _Sql(self._database.param)
+        # One round trip before the op: take the id's lock and read its record. With
+        # concurrent writers (Postgres), an attempt must not wait for another open
+        # transaction working on the same id while it may hold locks an earlier op of
+        # its group-commit batch took (a deadlock), so the lock is only tried
+        # (`Backend.try_lock_sql`); SQLite's one writer needs none. Under that lock
+        # no other transaction can add the record, so reading first and writing the
+        # record with its answer after the op is race-free: one write, not two.
+        self._lock_and_select = sql(
+            f"SELECT {backend.try_lock_sql}, r.method, r.fingerprint, r.response, "
+            f"r.created_at FROM (SELECT 1) AS one LEFT JOIN {table} AS r "
+            "ON r.principal = ? AND r.request_id = ?"
+        )
         self._insert = sql(
             f"INSERT INTO {table} "
             "(principal, request_id, method, fingerprint, response, created_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (principal, request_id) DO NOTHING"
-        )
-        self._select = sql(
-            f"SELECT method, fingerprint, response, created_at FROM {table} "
-            "WHERE principal = ? AND request_id = ?"
-        )
-        self._complete = sql(
-            f"UPDATE {table} SET response = ? WHERE principal = ? AND request_id = ?"
+            "VALUES (?, ?, ?, ?, ?, ?)"
         )
         self._delete = sql(f"DELETE FROM {table} WHERE principal = ? AND request_id = ?")
         # Oldest first through the created_at index; on Postgres, rows another
@@ -154,37 +160,27 @@ class RequestStore:
             f"ORDER BY created_at LIMIT {PRUNE_BATCH}{skip})"
         )
         self._next_prune = 0.0  # monotonic; per process, a hint, not a guarantee
-        # With concurrent writers (Postgres), an insert that meets another open
-        # transaction's record for the same id would wait for it while this
-        # transaction may already hold locks an earlier op of its group-commit
-        # batch took: a deadlock. So an attempt first tries a transaction-scoped
-        # lock on the id and never waits for it; SQLite has one writer anyway.
-        # (A candidate for a Backend method, with the other dialect differences.)
-        self._try_lock = sql("SELECT pg_try_advisory_xact_lock(?)") if backend.skip_locked else None
 
-    def try_lock(self, principal: str, request_id: str) -> bool:
-        """False when another open transaction is working on this id right now."""
-        if self._try_lock is None:
-            return True
+    def lock_and_get(self, principal: str, request_id: str) -> tuple[bool, StoredRequest | None]:
+        """(False, _) when another open transaction is working on this id right now;
+        else (True, the record or None)."""
         digest = hashlib.sha256(f"{principal}\0{request_id}".encode()).digest()
         key = int.from_bytes(digest[:8], "big", signed=True)
-        return bool(self._database.execute_sql(self._try_lock, (key,)).fetchone()[0])
+        row = self._database.execute_sql(
+            self._lock_and_select, (key, principal, request_id)
+        ).fetchone()
+        if not row[0]:
+            return False, None
+        if row[1] is None:
+            return True, None
+        return True, StoredRequest(row[1], row[2], bytes(row[3]), float(row[4]))
 
-    def insert(self, now: float, principal: str, request_id: str, method: str, print_: str) -> bool:
-        """Inserts a record without an answer yet; False when the id is taken."""
-        cursor = self._database.execute_sql(
-            self._insert, (principal, request_id, method, print_, b"", now)
+    def insert(
+        self, now: float, principal: str, request_id: str, method: str, print_: str, answer: bytes
+    ) -> None:
+        self._database.execute_sql(
+            self._insert, (principal, request_id, method, print_, answer, now)
         )
-        return bool(cursor.rowcount == 1)
-
-    def get(self, principal: str, request_id: str) -> StoredRequest | None:
-        row = self._database.execute_sql(self._select, (principal, request_id)).fetchone()
-        if row is None:
-            return None
-        return StoredRequest(row[0], row[1], bytes(row[2]), float(row[3]))
-
-    def complete(self, principal: str, request_id: str, response: bytes) -> None:
-        self._database.execute_sql(self._complete, (response, principal, request_id))
 
     def forget(self, principal: str, request_id: str) -> None:
         self._database.execute_sql(self._delete, (principal, request_id))
@@ -229,26 +225,23 @@ class RequestGuard:
         store = self.store
         store.prune_if_due(now)
         key = (self.principal, self.request_id)
-        if not store.try_lock(*key):
+        locked, stored = store.lock_and_get(*key)
+        if not locked:
             raise Unavailable(
                 "REQUEST_IN_FLIGHT",
                 "an attempt with this request_id is still running; retry with the same id",
             )
-        if not store.insert(now, *key, self.method, self.fingerprint):
-            stored = store.get(*key)
-            if stored is not None and stored.created_at < now - store.window_s:
-                store.forget(*key)  # expired but not pruned yet: the id is free again
-                stored = None
-            if stored is not None:
-                self._refuse_reuse(stored)
-                raise Replayed(stored.response)
-            store.insert(now, *key, self.method, self.fingerprint)  # under our lock: free
+        if stored is not None and stored.created_at < now - store.window_s:
+            store.forget(*key)  # expired but not pruned yet: the id is free again
+            stored = None
+        if stored is not None:
+            self._refuse_reuse(stored)
+            raise Replayed(stored.response)
         result = op(now)
         if isinstance(result, NotAnAnswer):
-            store.forget(*key)
             return result
         self.answer = self.encode(result)
-        store.complete(*key, self.answer)
+        store.insert(now, *key, self.method, self.fingerprint, self.answer)
         return result
 
     def _refuse_reuse(self, stored: StoredRequest) -> None:

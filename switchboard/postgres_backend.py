@@ -15,6 +15,7 @@ from switchboard.errors import DomainError
 
 class PostgresBackend:
     name = "postgres"
+    try_lock_sql = "pg_try_advisory_xact_lock(?)"
     for_update = " FOR UPDATE"
     skip_locked = True
 

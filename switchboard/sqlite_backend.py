@@ -44,6 +44,7 @@ CHECK_REPORT_LINES = 10
 
 class SqliteBackend:
     name = "sqlite"
+    try_lock_sql = "(? IS NOT NULL)"
     for_update = ""
     skip_locked = False
     # SQLite has one writer at a time; a second writer thread would only wait.
