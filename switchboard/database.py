@@ -15,6 +15,8 @@ from typing import Any, Literal, Protocol, TypeVar, cast
 
 import peewee
 
+from switchboard.errors import DomainError
+
 M = TypeVar("M", bound=peewee.Model)
 
 SqliteSync = Literal["FULL", "NORMAL"]
@@ -58,6 +60,11 @@ class Backend(Protocol):
     def probe(self) -> None:
         """Raises `switchboard.errors.Unavailable` when the database cannot serve
         calls now (what health checking reports); returns quickly either way."""
+        ...
+
+    def translate(self, exc: Exception) -> DomainError | None:
+        """The domain error a driver exception stands for (a lost connection is
+        `ConnectionLost`, which the runner retries once), or None for a bug."""
         ...
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import peewee
 
 from switchboard.database import DatabaseSettings
+from switchboard.errors import DomainError
 
 
 class SqliteBackend:
@@ -43,6 +44,10 @@ class SqliteBackend:
     def now(self) -> float:
         # SQLite has no server: the database's clock is this host's clock.
         return time.time()
+
+    def translate(self, exc: Exception) -> DomainError | None:
+        # Placeholder: the SQLite fault work maps disk-full and lock errors here.
+        return None
 
     def probe(self) -> None:
         # Placeholder until the fault-handling work: a plain round trip.
