@@ -219,12 +219,12 @@ def test_round_trips_per_call(loop_thread: EventLoopThread) -> None:
     with private_database() as db, TcpProxy(("127.0.0.1", 5432)) as proxy:
         proxy.on_reply = replies
         url = db.url.replace("127.0.0.1:5432", proxy.address)
-        quiet = {"health_probe_interval_s": 3600.0}
-        with session_server(loop_thread, url, **quiet) as sessions:
+        quiet = 3600.0  # no health probes between the counted calls
+        with session_server(loop_thread, url, health_probe_interval_s=quiet) as sessions:
             append = _appender(sessions.stub, 1, CALL_TIMEOUT_S)
             append(0, 0)
             appends = replies.per_call(20, lambda n: append(0, n))
-        with delivery_server(loop_thread, url, **quiet) as delivery:
+        with delivery_server(loop_thread, url, health_probe_interval_s=quiet) as delivery:
             gateway = Gateway(delivery.stub)
             gateway.record(message_ref="warm-up")
             rows: list[dpb.Obligation] = []
