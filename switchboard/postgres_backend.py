@@ -166,12 +166,9 @@ class _DatabaseClock:
 
 
 def _driver_error(exc: BaseException) -> BaseException:
-    """The psycopg2 exception a peewee one wraps (peewee passes it as the first arg)."""
-    if isinstance(exc, peewee.PeeweeException) and exc.args:
-        inner = exc.args[0]
-        if isinstance(inner, BaseException):
-            return inner
-    return exc
+    """The psycopg2 exception a peewee one wraps (peewee keeps it as `orig`)."""
+    inner = getattr(exc, "orig", None)
+    return inner if isinstance(inner, BaseException) else exc
 
 
 def _is_connection_fault(exc: BaseException) -> bool:

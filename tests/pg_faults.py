@@ -212,8 +212,8 @@ class Load:
     pause_s: float = 0.005
     acknowledged: list[Any] = field(default_factory=list)
     codes: Counter[str] = field(default_factory=Counter)
-    #: (monotonic time, ok) per call, for recovery times.
-    timeline: list[tuple[float, bool]] = field(default_factory=list)
+    #: (monotonic time the call ended, its code) per call, for recovery times.
+    timeline: list[tuple[float, str]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _workers: list[threading.Thread] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -239,12 +239,12 @@ class Load:
             except grpc.RpcError as failed:
                 with self._lock:
                     self.codes[failed.code().name] += 1
-                    self.timeline.append((time.monotonic(), False))
+                    self.timeline.append((time.monotonic(), failed.code().name))
             else:
                 with self._lock:
                     self.codes["OK"] += 1
                     self.acknowledged.append(result)
-                    self.timeline.append((time.monotonic(), True))
+                    self.timeline.append((time.monotonic(), "OK"))
             time.sleep(self.pause_s)
 
     def ok_count(self) -> int:
@@ -253,7 +253,11 @@ class Load:
 
     def first_ok_after(self, moment: float) -> float | None:
         with self._lock:
-            return next((t for t, ok in self.timeline if ok and t > moment), None)
+            return next((t for t, code in self.timeline if code == "OK" and t > moment), None)
+
+    def codes_between(self, start: float, end: float) -> dict[str, int]:
+        with self._lock:
+            return dict(Counter(code for t, code in self.timeline if start <= t <= end))
 
     def wait_for_ok_after(self, moment: float, timeout_s: float = 30.0) -> float:
         """Seconds from `moment` to the first call that succeeded after it."""
