@@ -30,6 +30,7 @@ from tests.harness import (
 )
 from tests.pg_faults import Load, PrivateDatabase, private_database, wait_for_health
 from tests.session.conftest import create_agent, resolve, user_message, web
+from tests.status import error_reason
 from tests.tcp_proxy import Link, TcpProxy
 
 _DOWN = postgres_unreachable_reason()
@@ -252,3 +253,50 @@ def _wait(condition: Any, what: str, timeout_s: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
+
+
+def test_a_commit_whose_answer_is_lost_answers_unavailable(loop_thread: EventLoopThread) -> None:
+    """The connection drops after Postgres committed but before its answer arrived: the
+    call cannot know it committed, so it answers UNAVAILABLE (retry with the same
+    request id), never INTERNAL, and is not run a second time by the server."""
+    with private_database() as db, TcpProxy(("127.0.0.1", 5432)) as proxy:
+        url = db.url.replace("127.0.0.1:5432", proxy.address)
+        with delivery_server(loop_thread, url) as delivery:
+            gateway = Gateway(delivery.stub)
+            dropped: list[Link] = []
+
+            def lose_the_commit_answer(link: Link, data: bytes) -> bool:
+                if not dropped and b"COMMIT\x00" in data:
+                    dropped.append(link)
+                    return False
+                return True
+
+            proxy.on_reply = lose_the_commit_answer
+            with pytest.raises(grpc.RpcError) as lost:
+                gateway.record(message_ref="lost-answer")
+            assert lost.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert error_reason(lost.value) == "DATABASE_CONNECTION_LOST"
+            assert "may or may not" in (lost.value.details() or "")
+            gateway.record(message_ref="next")  # the service goes on, on a fresh connection
+        refs = [row[0] for row in db.sql("SELECT message_ref FROM ledger_obligation")]
+        assert refs.count("lost-answer") == 1, (
+            "committed once, though the caller was told it failed"
+        )
+
+
+def test_operations_run_in_the_submitting_calls_context(tmp_path: Any) -> None:
+    """Per-call context (request ids, deadlines) set before submitting is visible inside."""
+    from contextvars import ContextVar
+
+    from switchboard.database import DatabaseSettings, open_backend
+    from switchboard.runner import TransactionRunner
+
+    request_id: ContextVar[str] = ContextVar("request_id", default="")
+    settings = DatabaseSettings(url=f"sqlite:///{tmp_path / 'context.sqlite3'}")
+    runner = TransactionRunner(open_backend(settings), settings)
+    try:
+        request_id.set("r-1")
+        assert runner.submit_write(lambda now: request_id.get()).result(timeout=10) == "r-1"
+        assert runner.submit_read(request_id.get).result(timeout=10) == "r-1"
+    finally:
+        runner.close()
