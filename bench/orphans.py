@@ -27,9 +27,11 @@ from typing import Any
 from bench import baseline, harness, servers
 from bench.harness import log
 from bench.stats import Measurement
+from delivery_service.migrations import DELIVERY_SCHEMA
 from delivery_service.records import NewObligation
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import COLUMNS, LedgerStore
+from switchboard import migrations
 from switchboard.database import DatabaseSettings, SqliteSync, open_backend
 
 #: Rows per seeding transaction.
@@ -110,8 +112,8 @@ def seed_orphans(url: str, sync: SqliteSync, count: int, analyze: bool = False) 
     the schema is created if it is missing.
     """
     backend = open_backend(DatabaseSettings(url=url, sqlite_synchronous=sync))
+    migrations.prepare(backend, DELIVERY_SCHEMA)
     store = LedgerStore(backend, LedgerLimits())
-    store.create_schema()
     instance_id = f"bench-crashed-{uuid.uuid4().hex[:12]}"
     database: Any = backend.database  # peewee is untyped
     started = time.perf_counter()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    against,
     baseline,
     db_latency,
     harness,
@@ -374,6 +375,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--output", type=Path, default=RESULTS_DIR / "latest.json", help="JSON results file"
     )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        default="",
+        help="also run the appends and delivery cycles of an earlier release (a commit, tag "
+        "or branch) beside this tree's, alternating, and print the ratios (bench.against)",
+    )
     args = parser.parse_args(argv)
     keys = _listed(parser, args.only, ALL_KEYS) or list(ALL_KEYS)
     args.keys = [key for key in ALL_KEYS if key in keys]
@@ -474,6 +482,12 @@ def main(argv: list[str] | None = None) -> int:
     if "db-latency" in keys:
         latency_points = db_latency.measure(seconds, warmup_s)
 
+    # -- this tree against an earlier release ---------------------------------------------
+    against_pairs: list[against.Pair] = []
+    if args.against:
+        backends = [k for k in ("sqlite-full", "postgres") if k != "postgres" or postgres_ok]
+        against_pairs = against.compare(args.against, backends, seconds, warmup_s)
+
     # -- report --------------------------------------------------------------------------
     rows = table_rows(results, floors)
     session_rows = session_runner.table_rows(session_results, session_floors)
@@ -541,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
             "== Postgres: appends and delivery cycles against added database round trip ==\n"
             + db_latency.render(latency_points)
         )
+    if against_pairs:
+        sections.append("== " + against.render(args.against, against_pairs))
     print("\n\n".join(sections))
     for note in notes:
         print(f"note: {note}")
@@ -579,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
         "open_loop": latency.report(open_runs, open_rows, open_loop) if open_loop else None,
         "timetravel": travel,
         "db_latency": db_latency.report(latency_points),
+        "against": against.to_json(args.against, against_pairs) if against_pairs else None,
         "notes": notes,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -88,7 +88,10 @@ class ServerProcess:
         sqlite_synchronous: str = "FULL",
         cprofile_to: Path | None = None,
         service: str = "delivery",
+        code_root: Path = REPO_ROOT,
     ) -> None:
+        """`code_root` is the tree whose server code runs (an earlier release's, say):
+        `python -m` puts the working directory first on the path."""
         if service not in _LISTENING:
             raise ValueError(f"unknown service {service!r}: use one of {', '.join(_LISTENING)}")
         self.service = service
@@ -96,6 +99,7 @@ class ServerProcess:
         self.data_dir = data_dir
         self.sqlite_synchronous = sqlite_synchronous
         self.cprofile_to = cprofile_to
+        self.code_root = code_root
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
         self.output: list[str] = []
@@ -132,7 +136,7 @@ class ServerProcess:
     def start(self, timeout_s: float = 30.0) -> str:
         self.process = subprocess.Popen(
             self.command(),
-            cwd=REPO_ROOT,
+            cwd=self.code_root,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -189,8 +193,9 @@ def running_server(
     sqlite_synchronous: str = "FULL",
     cprofile_to: Path | None = None,
     service: str = "delivery",
+    code_root: Path = REPO_ROOT,
 ) -> Iterator[ServerProcess]:
-    server = ServerProcess(url, data_dir, sqlite_synchronous, cprofile_to, service)
+    server = ServerProcess(url, data_dir, sqlite_synchronous, cprofile_to, service, code_root)
     try:
         server.start()
         yield server

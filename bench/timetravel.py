@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from session_service.log_store import LogStore
+from session_service.migrations import SESSION_SCHEMA
 from session_service.sessions import SessionLimits, Sessions, new_session_id
 from session_service.time_travel import TimeTravel
+from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -50,8 +52,8 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
     Returns the checkpoint sequence taken after the sessions were opened."""
     settings = DatabaseSettings(url=url)
     backend = open_backend(settings)
+    migrations.prepare(backend, SESSION_SCHEMA)
     store = LogStore(backend)
-    store.create_schema()
     runner = TransactionRunner(backend, settings)
     core = Sessions(runner, store, SessionLimits())
     try:
@@ -196,7 +198,7 @@ def measure(quick: bool, say: Callable[[str], None] = print) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-timetravel-") as tmp:
         base = Path(tmp)
         empty = f"sqlite:///{base / 'empty.sqlite3'}"
-        LogStore(open_backend(DatabaseSettings(url=empty))).create_schema()
+        migrations.prepare(open_backend(DatabaseSettings(url=empty)), SESSION_SCHEMA)
         baseline_restart = restart_seconds(empty, base)
         for sessions in sorted({sessions for _events, sessions in chosen.points()}):
             small = f"sqlite:///{base / f'one-event-{sessions}.sqlite3'}"

@@ -3,20 +3,51 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import grpc
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from delivery_service.ledger import Ledger
+from delivery_service.migrations import DELIVERY_SCHEMA
 from delivery_service.servicer import DeliveryServicer
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
-from switchboard.database import DatabaseSettings, open_backend
+from switchboard import migrations
+from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
 from switchboard.runner import TransactionRunner
+from switchboard.shared_settings import SharedSettings, shared
 
 SERVICE_NAME = delivery_service_pb2.DESCRIPTOR.services_by_name["DeliveryService"].full_name
+
+
+def agreed_limits(backend: Backend, limits: LedgerLimits, policy: SettingsMismatch) -> LedgerLimits:
+    """The limits every replica on the database must share, checked against the
+    stored ones (see `switchboard.shared_settings`); the content cap and claim
+    size are per call, so replicas may differ on them during a rollout."""
+    agreed = SharedSettings(backend).agree(
+        shared(
+            {
+                "max_attempts": ("--max-attempts", limits.max_attempts),
+                "stale_after_s": ("--stale-after", limits.stale_after_s),
+                "retention_s": ("--retention", limits.retention_s),
+                "lease_ttl_s": ("--lease-ttl", limits.lease_ttl_s),
+                "backoff_s": ("--backoff", list(limits.backoff_s)),
+            },
+            "delivery",
+        ),
+        policy,
+    )
+    return replace(
+        limits,
+        max_attempts=int(agreed["delivery.max_attempts"]),
+        stale_after_s=float(agreed["delivery.stale_after_s"]),
+        retention_s=float(agreed["delivery.retention_s"]),
+        lease_ttl_s=float(agreed["delivery.lease_ttl_s"]),
+        backoff_s=tuple(float(step) for step in agreed["delivery.backoff_s"]),
+    )
 
 
 class DeliveryUnit:
@@ -24,11 +55,20 @@ class DeliveryUnit:
 
     service_name = SERVICE_NAME
 
-    def __init__(self, database: DatabaseSettings, limits: LedgerLimits | None = None) -> None:
-        self.limits = limits or LedgerLimits()
+    def __init__(
+        self,
+        database: DatabaseSettings,
+        limits: LedgerLimits | None = None,
+        *,
+        migrate: bool = True,
+    ) -> None:
+        """`migrate`: apply pending schema migrations (off: refuse to start when behind).
+        Raises `switchboard.migrations.SchemaError` when the schema cannot be used."""
         backend = open_backend(database)
+        migrations.prepare(backend, DELIVERY_SCHEMA, migrate_behind=migrate)
+        wanted = limits or LedgerLimits()
+        self.limits = agreed_limits(backend, wanted, database.on_settings_mismatch)
         self.store = LedgerStore(backend, self.limits)
-        self.store.create_schema()
         self.runner = TransactionRunner(backend, database)
         self.ledger = Ledger(self.runner, self.store, self.limits)
 

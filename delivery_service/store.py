@@ -104,10 +104,6 @@ class LedgerStore:
         """`?` placeholders in the backend's parameter style."""
         return text.replace("?", self._param)
 
-    def create_schema(self) -> None:
-        with self.backend.database.connection_context():
-            self.backend.database.create_tables([self.Instance, self.Obligation], safe=True)
-
     # -- instances ------------------------------------------------------------------------
 
     def register_instance(

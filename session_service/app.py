@@ -10,8 +10,10 @@ from prometheus_client.metrics_core import Metric
 
 from session_service import recovery
 from session_service.log_store import LogStore
+from session_service.migrations import SESSION_SCHEMA
 from session_service.servicer import SessionServicer
 from session_service.sessions import SessionLimits, Sessions
+from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
@@ -24,12 +26,20 @@ class SessionUnit:
 
     service_name = SERVICE_NAME
 
-    def __init__(self, database: DatabaseSettings, limits: SessionLimits | None = None) -> None:
+    def __init__(
+        self,
+        database: DatabaseSettings,
+        limits: SessionLimits | None = None,
+        *,
+        migrate: bool = True,
+    ) -> None:
+        """`migrate`: apply pending schema migrations (off: refuse to start when behind).
+        Raises `switchboard.migrations.SchemaError` when the schema cannot be used."""
         self.limits = limits or SessionLimits()
         backend = open_backend(database)
+        migrations.prepare(backend, SESSION_SCHEMA, migrate_behind=migrate)
         self.store = LogStore(backend)
-        self.store.create_schema()
-        self.runner = TransactionRunner(backend, database)
+        self.runner = TransactionRunner(backend, database, begin_write=self.store.lock_log)
         self.sessions = Sessions(self.runner, self.store, self.limits)
         self.head = recovery.verify(self.sessions)
 

@@ -191,12 +191,6 @@ class LogStore:
             "session_agent", _AGENT_COLUMNS
         )
 
-    def create_schema(self) -> None:
-        with self.database.connection_context():
-            self.database.create_tables(self.models, safe=True)
-            self.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
-            self.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
-
     # -- the timeline -----------------------------------------------------------------------
 
     def timeline(self) -> Timeline:
@@ -280,7 +274,9 @@ class LogStore:
 
     def has_active_events_after(self, seq: int) -> bool:
         query = self.Event.select(self.Event.seq).where(
-            (self.Event.seq > seq) & (self.Event.kind != "rewound") & self._active()
+            (self.Event.seq > seq)
+            & self.Event.kind.not_in(["rewound", "rewind_applied"])  # a rewind's own records
+            & self._active()
         )
         return bool(query.limit(1).exists())
 
@@ -369,6 +365,20 @@ class LogStore:
     def head(self) -> int:
         return int(self.Head.get_by_id(1).seq)
 
+    def lock_log(self) -> None:
+        """Takes the log's write lock for the rest of the transaction; the runner calls
+        it first in every write transaction of the SessionService.
+
+        Every version check, existence check and projection read of a write then
+        happens under the lock its write needs anyway (appending moves the head), so
+        checks and writes can never interleave with another writer's, whatever the
+        number of writer threads and replicas. On SQLite the IMMEDIATE transaction
+        holds the database's write lock already; on Postgres this locks the head row.
+        """
+        self.database.execute_sql(
+            f"SELECT seq FROM session_log_head WHERE id = 1{self.backend.for_update}"
+        )
+
     def append(self, events: Sequence[pb.Event], now: float) -> list[pb.Event]:
         """Gives the events the next sequences (in this transaction) and logs them."""
         row = self.database.execute_sql(
@@ -415,11 +425,34 @@ class LogStore:
         rows = tuples(query.order_by(self.Event.seq).limit(limit))
         return [_event(payload) for (payload,) in rows]
 
+    def highest_version(self, entity: str) -> int:
+        """The highest version the agent or session ever had, on any branch: 0 for one
+        never logged. New versions start above it, so that none ever repeats."""
+        kind, where, key = _entity_filter(entity)
+        index = self.agent_index(key) if kind == "agent" else self.session_index(key)
+        projected = 0 if index is None else index.version
+        row = self.database.execute_sql(
+            self._sql(f"SELECT payload FROM session_log WHERE {where} ORDER BY seq DESC LIMIT 1"),
+            [key],
+        ).fetchone()
+        if row is None:
+            return projected
+        # Every new version is above all earlier ones: the newest event has the highest.
+        newest = _event(row[0])
+        if kind == "session":
+            return max(projected, newest.session_version)
+        if newest.agent_version:
+            return max(projected, newest.agent_version)
+        # Logged before agent versions were recorded, when each event counted one.
+        count = self.database.execute_sql(
+            self._sql(f"SELECT COUNT(*) FROM session_log WHERE {where}"), [key]
+        ).fetchone()[0]
+        return max(projected, int(count))
+
     def entity_events(
         self, entity: str, after_seq: int, until: int | None = None
     ) -> list[pb.Event]:
-        kind, _, key = entity.partition(":")
-        where = "agent = ? AND session_id IS NULL" if kind == "agent" else "session_id = ?"
+        _, where, key = _entity_filter(entity)
         active, active_params = self._active_sql("seq", self.timeline())
         bound = "" if until is None else " AND seq <= ?"
         sql = (
@@ -649,6 +682,13 @@ class LogStore:
                 return
             yield from events
             after = events[-1].sequence
+
+
+def _entity_filter(entity: str) -> tuple[str, str, str]:
+    """("agent" or "session", the SQL condition selecting its log rows, its key)."""
+    kind, _, key = entity.partition(":")
+    where = "agent = ? AND session_id IS NULL" if kind == "agent" else "session_id = ?"
+    return kind, where, key
 
 
 def _tool_ref(event: pb.Event) -> str | None:

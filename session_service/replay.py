@@ -33,9 +33,12 @@ def apply_to_agent(agent: pb.Agent, event: pb.Event) -> None:
         agent.memory.pop(event.memory_deleted.key, None)
     elif body == "agent_archived":
         agent.archived = True
+    elif body == "rewind_applied":
+        pass  # the state is what the rewind made it; only the version moves
     else:
         raise ValueError(f"event {event.sequence} ({body}) is not an agent event")
-    agent.version += 1
+    # Events logged before agent versions were recorded count one each.
+    agent.version = event.agent_version or agent.version + 1
     agent.last_sequence = event.sequence
     agent.update_time.CopyFrom(event.time)
 
@@ -58,8 +61,8 @@ def apply_to_session(state: pb.SessionState, event: pb.Event) -> None:
         state.temp_state.update(opened.temp_state)
         if opened.HasField("task"):
             state.current_task.CopyFrom(opened.task)
-    elif body == "permission_checked":
-        pass  # an audit record: it changes nothing
+    elif body in ("permission_checked", "rewind_applied"):
+        pass  # an audit record, or a rewind's version move: the state stays
     elif body == "resume_marked":
         marked = event.resume_marked
         if not marked.pending:

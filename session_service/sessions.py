@@ -149,6 +149,7 @@ class Sessions:
 
     def log(self, now: float, events: Sequence[pb.Event]) -> list[pb.Event]:
         """Appends events and keeps the projections and snapshots with them."""
+        self._number_agent_events(events)
         logged = self.store.append(events, now)
         self.project(logged, snapshot=True)
         return logged
@@ -175,12 +176,30 @@ class Sessions:
                 agent = replace(agent, snapshot_version=agent.version)
             self.store.put_agent_index(agent)
 
+    def _number_agent_events(self, events: Sequence[pb.Event]) -> None:
+        """Gives agent events their agent's next versions: above every version the
+        agent ever had, also when it is created again after a rewind undid it."""
+        versions: dict[str, int] = {}
+        for event in events:
+            if event.session_id:
+                continue
+            if event.agent not in versions:
+                index = self.store.agent_index(event.agent)
+                versions[event.agent] = (
+                    index.version
+                    if index is not None
+                    else self.store.highest_version(agent_entity(event.agent))
+                )
+            versions[event.agent] += 1
+            event.agent_version = versions[event.agent]
+
     def _project_agent(self, event: pb.Event, agents: dict[str, AgentIndex]) -> None:
         current = agents.get(event.agent) or self.store.agent_index(event.agent)
+        counted = 1 if current is None else current.version + 1  # events from before versions
         agents[event.agent] = AgentIndex(
             name=event.agent,
             archived=event.HasField("agent_archived") or bool(current and current.archived),
-            version=1 if current is None else current.version + 1,
+            version=event.agent_version or counted,
             last_seq=event.sequence,
             snapshot_version=0 if current is None else current.snapshot_version,
         )
@@ -434,11 +453,15 @@ class Sessions:
             narrowing=narrowing,
             task=task,
         )
+        # Above any version a session of this id ever had (one a rewind undid, say).
+        first = self.store.highest_version(session_entity(session_id)) + 1
         events = [
-            pb.Event(agent=agent, session_id=session_id, session_version=1, session_opened=opened)
+            pb.Event(
+                agent=agent, session_id=session_id, session_version=first, session_opened=opened
+            )
         ]
         for offset, message in enumerate(history):
-            event = pb.Event(agent=agent, session_id=session_id, session_version=2 + offset)
+            event = pb.Event(agent=agent, session_id=session_id, session_version=first + 1 + offset)
             event.message_appended.message.CopyFrom(message)
             events.append(event)
         self.log(now, events)

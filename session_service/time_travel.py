@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-from session_service.log_store import AgentIndex, SessionIndex
+from session_service import replay
+from session_service.log_store import AgentIndex, SessionIndex, agent_entity, session_entity
 from session_service.sessions import Sessions
 from switchboard.errors import (
     AlreadyExists,
@@ -144,15 +145,59 @@ class TimeTravel:
         # any branch the new view brings back.
         revived = [low for low, high in before.abandoned if (low, high) not in after.abandoned]
         agents, sessions = self.store.touched_since(min([target, *revived]))
-        self._refresh_sessions(sessions)
-        for name in agents:
-            self._refresh_agent(name)
+        session_states = {sid: self.store.session_state(sid) for sid in sorted(sessions)}
+        agent_states = {name: self.store.agent_state(name) for name in sorted(agents)}
+        self._move_versions_forward(now, logged.sequence, session_states, agent_states)
+        self._refresh_sessions(session_states)
+        for name, agent in agent_states.items():
+            self._refresh_agent(name, agent)
         return logged
 
-    def _refresh_sessions(self, session_ids: set[str]) -> None:
-        self.store.drop_routes_to(session_ids)
-        for session_id in session_ids:
-            state = self.store.session_state(session_id)
+    def _move_versions_forward(
+        self,
+        now: float,
+        rewind_sequence: int,
+        session_states: dict[str, pb.SessionState | None],
+        agent_states: dict[str, pb.Agent | None],
+    ) -> None:
+        """Logs a RewindApplied for each agent and session the move changed, with a
+        version above every version it ever had, and folds it into its state: a
+        version read before the move can never match after it (no ABA)."""
+        applied = pb.RewindApplied(rewind_sequence=rewind_sequence)
+        events = [
+            pb.Event(
+                agent=state.session.agent,
+                session_id=session_id,
+                session_version=self.store.highest_version(session_entity(session_id)) + 1,
+                rewind_applied=applied,
+            )
+            for session_id, state in session_states.items()
+            if state is not None
+        ]
+        events += [
+            pb.Event(
+                agent=name,
+                agent_version=self.store.highest_version(agent_entity(name)) + 1,
+                rewind_applied=applied,
+            )
+            for name, agent in agent_states.items()
+            if agent is not None
+        ]
+        if not events:
+            return
+        for event in self.store.append(events, now):
+            if event.session_id:
+                state = session_states[event.session_id]
+                assert state is not None
+                replay.apply_to_session(state, event)
+            else:
+                agent = agent_states[event.agent]
+                assert agent is not None
+                replay.apply_to_agent(agent, event)
+
+    def _refresh_sessions(self, states: dict[str, pb.SessionState | None]) -> None:
+        self.store.drop_routes_to(states)
+        for session_id, state in states.items():
             if state is None:
                 self.store.delete_session_index(session_id)  # created after the cut
                 continue
@@ -174,8 +219,7 @@ class TimeTravel:
             if session.routing_key and session.status == pb.SESSION_STATUS_OPEN:
                 self.store.set_route(session.agent, session.routing_key, session_id)
 
-    def _refresh_agent(self, name: str) -> None:
-        agent = self.store.agent_state(name)
+    def _refresh_agent(self, name: str, agent: pb.Agent | None) -> None:
         if agent is None:
             self.store.delete_agent_index(name)  # created after the cut
             return

@@ -1,18 +1,20 @@
-"""`switchboard` command line: run the services (operators' commands join later)."""
+"""`switchboard` command line: run the services, operate on their storage and schemas."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
+import peewee
 from prometheus_client import CollectorRegistry
 
-from switchboard import operators
+from switchboard import migrations, operators
 from switchboard.auth import parse_tokens
-from switchboard.database import DatabaseSettings
+from switchboard.database import DatabaseSettings, StartupRefused
 from switchboard.observability import (
     RpcMetrics,
     StateCollector,
@@ -35,7 +37,19 @@ def _backoff(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[
     return steps
 
 
-@click.group()
+class _Commands(click.Group):
+    """The command group; a database that must not be served ends the command with
+    its reason and exit code 1, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except StartupRefused as refused:
+            logging.getLogger("switchboard").error("refusing to start: %s", refused)
+            raise click.ClickException(str(refused)) from refused
+
+
+@click.group(cls=_Commands)
 @click.option(
     "--log-level",
     default="INFO",
@@ -111,6 +125,28 @@ def main(log_level: str, log_format: str) -> None:
     show_default=True,
     type=click.Choice(["FULL", "NORMAL"]),
     help="FULL survives power loss; NORMAL (WAL) only process crashes.",
+)
+@click.option(
+    "--sqlite-integrity-check",
+    default="quick",
+    envvar="SWITCHBOARD_SQLITE_INTEGRITY_CHECK",
+    show_default=True,
+    type=click.Choice(["quick", "full", "off"]),
+    help="Check SQLite files at start and refuse damaged ones: quick (PRAGMA quick_check, "
+    "about 1 s per GB), full (integrity_check, also every index; about 5 times slower) "
+    "or off.",
+)
+@click.option(
+    "--on-settings-mismatch",
+    default="refuse",
+    envvar="SWITCHBOARD_ON_SETTINGS_MISMATCH",
+    show_default=True,
+    type=click.Choice(["refuse", "adopt", "overwrite"]),
+    help="Replicas on one database must share --max-attempts, --stale-after, --retention, "
+    "--lease-ttl and --backoff; the first to start stores them there. When this replica's "
+    "differ (each difference is logged): refuse to start, adopt the stored values, or "
+    "overwrite them with this replica's (replicas already running keep theirs until "
+    "restarted).",
 )
 @click.option("--db-pool-size", default=10, envvar="SWITCHBOARD_DB_POOL_SIZE", show_default=True)
 @click.option(
@@ -200,6 +236,13 @@ def main(log_level: str, log_format: str) -> None:
     envvar="SWITCHBOARD_TLS_CLIENT_CA",
     help="PEM CA: require client certificates it signed (mTLS).",
 )
+@click.option(
+    "--no-migrate",
+    is_flag=True,
+    envvar="SWITCHBOARD_NO_MIGRATE",
+    help="Do not migrate the schema at start: refuse to start when it is behind "
+    "(then run `switchboard db migrate`).",
+)
 def serve(
     which: str,
     data_dir: Path,
@@ -209,6 +252,8 @@ def serve(
     delivery_listen: str,
     delivery_database_url: str | None,
     sqlite_synchronous: str,
+    sqlite_integrity_check: str,
+    on_settings_mismatch: str,
     db_pool_size: int,
     db_writer_threads: int,
     max_attempts: int,
@@ -224,6 +269,7 @@ def serve(
     tls_cert: Path | None,
     tls_key: Path | None,
     tls_client_ca: Path | None,
+    no_migrate: bool,
 ) -> None:
     """Run the services until SIGTERM or Ctrl-C (then drain and exit 0)."""
     from delivery_service.app import DeliveryUnit
@@ -237,6 +283,8 @@ def serve(
             sqlite_synchronous=sqlite_synchronous,  # type: ignore[arg-type]
             pool_size=db_pool_size,
             writer_threads=db_writer_threads,
+            sqlite_integrity_check=sqlite_integrity_check,  # type: ignore[arg-type]
+            on_settings_mismatch=on_settings_mismatch,  # type: ignore[arg-type]
         )
 
     try:
@@ -262,23 +310,32 @@ def serve(
 
     apps: list[GrpcApp] = []
     urls: dict[int, str] = {}
-    if which in ("all", "session"):
-        settings = database(session_database_url, "session.sqlite3")
-        unit = SessionUnit(settings, SessionLimits(snapshot_every=snapshot_every))
-        apps.append(GrpcApp(unit, server(session_listen)))
-        urls[id(apps[-1])] = _redacted(settings.url)
-    if which in ("all", "delivery"):
-        settings = database(delivery_database_url, "delivery.sqlite3")
-        limits = LedgerLimits(
-            max_attempts=max_attempts,
-            stale_after_s=stale_after,
-            retention_s=retention,
-            lease_ttl_s=lease_ttl,
-            backoff_s=backoff,
-            max_content_bytes=max_content_bytes,
-        )
-        apps.append(GrpcApp(DeliveryUnit(settings, limits), server(delivery_listen)))
-        urls[id(apps[-1])] = _redacted(settings.url)
+    migrate = not no_migrate
+    try:
+        if which in ("all", "session"):
+            settings = database(session_database_url, "session.sqlite3")
+            limits = SessionLimits(snapshot_every=snapshot_every)
+            apps.append(
+                GrpcApp(SessionUnit(settings, limits, migrate=migrate), server(session_listen))
+            )
+            urls[id(apps[-1])] = _redacted(settings.url)
+        if which in ("all", "delivery"):
+            settings = database(delivery_database_url, "delivery.sqlite3")
+            ledger_limits = LedgerLimits(
+                max_attempts=max_attempts,
+                stale_after_s=stale_after,
+                retention_s=retention,
+                lease_ttl_s=lease_ttl,
+                backoff_s=backoff,
+                max_content_bytes=max_content_bytes,
+            )
+            unit = DeliveryUnit(settings, ledger_limits, migrate=migrate)
+            apps.append(GrpcApp(unit, server(delivery_listen)))
+            urls[id(apps[-1])] = _redacted(settings.url)
+    except migrations.SchemaError as refused:
+        for app in apps:
+            app.unit.close()
+        raise click.ClickException(str(refused)) from refused
 
     if metrics_listen:
         for app in apps:
@@ -320,6 +377,7 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
 
     from session_service import recovery
     from session_service.log_store import LogStore
+    from session_service.migrations import SESSION_SCHEMA
     from session_service.sessions import SessionLimits, Sessions
     from switchboard.database import open_backend
     from switchboard.runner import TransactionRunner
@@ -328,9 +386,12 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
         url=database_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"
     )
     backend = open_backend(settings)
+    try:
+        migrations.prepare(backend, SESSION_SCHEMA)
+    except migrations.SchemaError as refused:
+        raise click.ClickException(str(refused)) from refused
     store = LogStore(backend)
-    store.create_schema()
-    runner = TransactionRunner(backend, settings)
+    runner = TransactionRunner(backend, settings, begin_write=store.lock_log)
     try:
         with Progress() as bar:
             task = bar.add_task("replaying the log", total=None)
@@ -357,6 +418,139 @@ def _redacted(url: str) -> str:
 
 
 operators.register(session, main)
+
+
+# -- the schema ------------------------------------------------------------------------------
+
+
+@main.group()
+def db() -> None:
+    """Inspect and migrate the services' database schemas."""
+
+
+def _schema_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The database options of `serve`, for the schema commands."""
+    for option in reversed(
+        [
+            click.argument(
+                "which",
+                type=click.Choice(["all", "session", "delivery"]),
+                default="all",
+                required=False,
+            ),
+            click.option(
+                "--data-dir",
+                default="var",
+                envvar="SWITCHBOARD_DATA_DIR",
+                show_default=True,
+                type=click.Path(file_okay=False, path_type=Path),
+                help="Where SQLite files live when no database URL is given.",
+            ),
+            click.option(
+                "--session-database-url",
+                default=None,
+                envvar="SWITCHBOARD_SESSION_DATABASE_URL",
+                help="[default: sqlite:///DATA_DIR/session.sqlite3]",
+            ),
+            click.option(
+                "--delivery-database-url",
+                default=None,
+                envvar="SWITCHBOARD_DELIVERY_DATABASE_URL",
+                help="[default: sqlite:///DATA_DIR/delivery.sqlite3]",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def _schemas(
+    which: str, data_dir: Path, session_url: str | None, delivery_url: str | None
+) -> list[tuple[migrations.Component, str]]:
+    from delivery_service.migrations import DELIVERY_SCHEMA
+    from session_service.migrations import SESSION_SCHEMA
+
+    chosen = []
+    if which in ("all", "session"):
+        url = session_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"
+        chosen.append((SESSION_SCHEMA, url))
+    if which in ("all", "delivery"):
+        url = delivery_url or f"sqlite:///{(data_dir / 'delivery.sqlite3').resolve()}"
+        chosen.append((DELIVERY_SCHEMA, url))
+    return chosen
+
+
+@db.command(name="status")
+@_schema_options
+def status_command(
+    which: str, data_dir: Path, session_database_url: str | None, delivery_database_url: str | None
+) -> None:
+    """Per component: the database's schema version, this code's, and what is pending."""
+    from datetime import UTC, datetime
+
+    from switchboard.database import open_backend
+
+    for component, url in _schemas(which, data_dir, session_database_url, delivery_database_url):
+        path = Path(url.removeprefix("sqlite:///"))
+        if url.startswith("sqlite:///") and not path.exists():  # reading must not create it
+            click.echo(f"{component.name}: no database file at {path} (`db migrate` creates it)")
+            continue
+        backend = open_backend(DatabaseSettings(url=url))
+        try:
+            found = migrations.status(backend, component)
+        except peewee.OperationalError as unreachable:
+            raise click.ClickException(f"{_redacted(url)}: {unreachable}") from unreachable
+        finally:
+            backend.database.close()
+        verdict = (
+            "up to date"
+            if found.database_version == found.code_version
+            else f"{len(found.pending)} pending"
+            if found.database_version < found.code_version
+            else "NEWER than this code: run the release that migrated it"
+        )
+        click.echo(f"{component.name} ({_redacted(url)}): {verdict}")
+        unversioned = " (tables of a release before versioning: adopted on migrate)"
+        click.echo(
+            f"  database version: {found.database_version}"
+            + (unversioned if found.unversioned else "")
+        )
+        click.echo(f"  code version:     {found.code_version}")
+        for row in found.history:
+            when = datetime.fromtimestamp(row.applied_at, UTC).isoformat(timespec="seconds")
+            click.echo(f"  {row.action} {row.version} {row.name} at {when} by {row.applied_by}")
+        for title in found.pending:
+            click.echo(f"  pending {title}")
+
+
+@db.command(name="migrate")
+@_schema_options
+def migrate_command(
+    which: str, data_dir: Path, session_database_url: str | None, delivery_database_url: str | None
+) -> None:
+    """Apply the pending migrations (what `serve` does at start unless --no-migrate)."""
+    from switchboard.database import open_backend
+
+    for component, url in _schemas(which, data_dir, session_database_url, delivery_database_url):
+        backend = open_backend(DatabaseSettings(url=url))
+        try:
+            report = migrations.migrate(backend, component)
+        except migrations.SchemaError as refused:
+            raise click.ClickException(str(refused)) from refused
+        except peewee.OperationalError as unreachable:
+            raise click.ClickException(f"{_redacted(url)}: {unreachable}") from unreachable
+        finally:
+            backend.database.close()
+        if not report.applied:
+            click.echo(f"{component.name}: already at version {report.to_version}")
+            continue
+        how = " (adopted a database from before versioning)" if report.adopted else ""
+        click.echo(
+            f"{component.name}: migrated from version {report.from_version} "
+            f"to {report.to_version}{how}"
+        )
+        for title in report.applied:
+            click.echo(f"  applied {title}")
 
 
 def _echo_agent(turn: Any) -> str:

@@ -20,6 +20,12 @@ from switchboard.errors import DomainError
 M = TypeVar("M", bound=peewee.Model)
 
 SqliteSync = Literal["FULL", "NORMAL"]
+#: What SQLite start-up checks before serving: `PRAGMA quick_check` (milliseconds),
+#: the full `PRAGMA integrity_check` (also every index against its table), or nothing.
+IntegrityCheck = Literal["quick", "full", "off"]
+#: What a replica does when the settings replicas must share differ from the ones
+#: stored in the database (`switchboard.shared_settings`).
+SettingsMismatch = Literal["refuse", "adopt", "overwrite"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,13 @@ class DatabaseSettings:
     writer_threads: int = 4
     reader_threads: int = 4
     max_batch: int = 128
+    sqlite_integrity_check: IntegrityCheck = "quick"
+    on_settings_mismatch: SettingsMismatch = "refuse"
+
+
+class StartupRefused(Exception):
+    """The database must not be served (damaged, or its stored settings disagree):
+    the process says why and exits non-zero instead of starting."""
 
 
 class Backend(Protocol):
@@ -53,6 +66,12 @@ class Backend(Protocol):
 
     def write_transaction(self) -> AbstractContextManager[Any]: ...
 
+    def migration_lock(self, key: int) -> AbstractContextManager[Any]:
+        """A write transaction that first takes the schema lock `key` (one per
+        component), held until it ends: concurrent starters wait, then see the
+        schema as the first one left it."""
+        ...
+
     def now(self) -> float:
         """Seconds since the epoch on the database's clock."""
         ...
@@ -62,9 +81,10 @@ class Backend(Protocol):
         calls now (what health checking reports); returns quickly either way."""
         ...
 
-    def translate(self, exc: Exception) -> DomainError | None:
-        """The domain error a driver exception stands for (a lost connection is
-        `ConnectionLost`, which the runner retries once), or None for a bug."""
+    def translate(self, exc: BaseException) -> DomainError | None:
+        """The domain error a database fault means (UNAVAILABLE, RESOURCE_EXHAUSTED),
+        or None when `exc` is no fault of the database (a bug: INTERNAL). A lost connection
+        is `ConnectionLost`, which the runner retries once on a fresh connection."""
         ...
 
 

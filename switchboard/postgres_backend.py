@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -214,6 +214,14 @@ class PostgresBackend:
         transaction: AbstractContextManager[Any] = self.database.atomic()
         return transaction
 
+    @contextmanager
+    def migration_lock(self, key: int) -> Iterator[None]:
+        # A transaction-level advisory lock: released by the commit (or rollback)
+        # of the transaction whose DDL it guards, never left behind by a crash.
+        with self.database.atomic():
+            self.database.execute_sql("SELECT pg_advisory_xact_lock(%s)", (key,))
+            yield
+
     def now(self) -> float:
         # The database's clock, so replicas with skewed clocks agree on leases.
         return self._clock.now(self._read_clock)
@@ -232,7 +240,7 @@ class PostgresBackend:
                 raise
             raise translated from exc
 
-    def translate(self, exc: Exception) -> DomainError | None:
+    def translate(self, exc: BaseException) -> DomainError | None:
         if isinstance(exc, MaxConnectionsExceeded):
             return Unavailable(
                 "DATABASE_BUSY",

@@ -173,7 +173,8 @@ class GrpcApp:
                 self.settings.health_probe_timeout_s,
             )
         except Exception as exc:
-            self._last_probe_error = str(exc)
+            # The reason only: the backend has logged the fault's details once already.
+            self._last_probe_error = getattr(exc, "reason", None) or type(exc).__name__
             return False
         return True
 

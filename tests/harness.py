@@ -249,8 +249,15 @@ class ServerProcess:
         self.env = env
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
+        self.output: list[str] = []
 
     def start(self, timeout_s: float = 30.0) -> str:
+        self.launch()
+        return self.wait_ready(timeout_s)
+
+    def launch(self) -> None:
+        """Starts the process without waiting for it (`wait_ready` then waits), so that
+        several can start at the same moment."""
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -273,19 +280,25 @@ class ServerProcess:
             text=True,
             env=None if self.env is None else {**os.environ, **self.env},
         )
+
+    def wait_ready(self, timeout_s: float = 30.0) -> str:
+        """Waits for the "listening" line; returns the address. Lines printed before
+        it are kept in `output` (what a failed start said)."""
+        assert self.process is not None and self.process.stdout is not None
         deadline = time.monotonic() + timeout_s
-        assert self.process.stdout is not None
         while time.monotonic() < deadline:
             line = self.process.stdout.readline()
             if not line:
                 break
+            self.output.append(line)
             match = _LISTENING.search(line)
             if match:
                 self.address = match.group(2)
                 threading.Thread(target=self._drain_output, daemon=True).start()
                 return self.address
         self.stop_quietly()
-        raise RuntimeError(f"server did not start (exit code {self.process.poll()})")
+        said = "".join(self.output[-20:])
+        raise RuntimeError(f"server did not start (exit code {self.process.poll()}):\n{said}")
 
     def _drain_output(self) -> None:
         assert self.process is not None and self.process.stdout is not None

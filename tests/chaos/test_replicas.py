@@ -305,7 +305,8 @@ def _register(stub: dpb_grpc.DeliveryServiceStub, name: str, platform: str = "sl
 def _seed_orphans(url: str, owner: str, count: int, tag: str) -> set[str]:
     """`count` rows owned by `owner`, for platform `tag` (written through the real store,
     for speed)."""
-    unit = DeliveryUnit(DatabaseSettings(url=url))
+    # Adopt: the replicas stored their shared settings (--lease-ttl) first.
+    unit = DeliveryUnit(DatabaseSettings(url=url, on_settings_mismatch="adopt"))
     store, backend = unit.store, unit.store.backend
     ids = set()
     try:

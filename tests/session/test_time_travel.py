@@ -66,9 +66,11 @@ def test_rewind_skips_abandoned_events_and_keeps_later_work(
     record = _rewind(stub, "before")
     assert record.rewound.to_sequence == mark and record.rewound.checkpoint == "before"
     assert _history(stub, session_id) == ["m1"]
-    assert _state(stub, session_id).session.version == 2
+    # The version moves past the abandoned ones (1 opened, 2-4 appended), never back to 2.
+    version = _state(stub, session_id).session.version
+    assert version == 5
     assert "k" not in stub.GetAgent(pb.GetAgentRequest(name="main")).agent.memory
-    append(stub, session_id, user_message("m4"), expected_version=2)
+    append(stub, session_id, user_message("m4"), expected_version=version)
     assert _history(stub, session_id) == ["m1", "m4"]
     audit = stub.GetHistory(
         pb.GetHistoryRequest(agent="main", session_id=session_id, include_abandoned=True)

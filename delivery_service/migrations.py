@@ -1,0 +1,95 @@
+"""The DeliveryService's schema migrations, in order (how to add one: `switchboard.migrations`).
+
+The models below are frozen copies of the tables as migration 1 (the baseline,
+the schema of the release before versioning) creates them; the store's models
+in `delivery_service.store` keep changing, a shipped migration never does.
+"""
+
+from __future__ import annotations
+
+import peewee
+
+from switchboard.migrations import Component, Schema
+
+
+class InstanceV1(peewee.Model):
+    id = peewee.CharField(max_length=64, primary_key=True)
+    gateway_name = peewee.CharField(max_length=128)
+    host = peewee.CharField(max_length=255)
+    pid = peewee.BigIntegerField()
+    platforms = peewee.TextField()
+    registered_at = peewee.DoubleField()
+    heartbeat_at = peewee.DoubleField()
+    lease_expires_at = peewee.DoubleField()
+    deregistered_at = peewee.DoubleField(null=True)
+
+    class Meta:
+        table_name = "ledger_instance"
+
+
+class ObligationV1(peewee.Model):
+    id = peewee.CharField(max_length=24, primary_key=True)
+    session_key = peewee.TextField()
+    message_ref = peewee.TextField()
+    content = peewee.TextField()
+    platform = peewee.CharField(max_length=32)
+    chat_id = peewee.TextField()
+    thread_id = peewee.TextField()
+    metadata = peewee.TextField()
+    state = peewee.CharField(max_length=16)
+    owner_instance_id = peewee.CharField(max_length=64, null=True)
+    fence = peewee.BigIntegerField()
+    attempts = peewee.IntegerField()
+    needs_marker = peewee.BooleanField()
+    platform_message_id = peewee.TextField()
+    last_error = peewee.TextField()
+    created_at = peewee.DoubleField()
+    updated_at = peewee.DoubleField()
+    next_attempt_at = peewee.DoubleField(null=True)
+    delivered_at = peewee.DoubleField(null=True)
+
+    class Meta:
+        table_name = "ledger_obligation"
+        indexes = (
+            (("state", "platform"), False),
+            (("session_key", "created_at"), False),
+            (("owner_instance_id",), False),
+            (("created_at", "id"), False),
+        )
+
+
+BASELINE_MODELS: tuple[type[peewee.Model], ...] = (InstanceV1, ObligationV1)
+
+
+def baseline(schema: Schema) -> None:
+    """Gateway instances and the obligation ledger."""
+    schema.create_tables(*BASELINE_MODELS)
+
+
+def adopt_unversioned(schema: Schema) -> None:
+    """A database made before versioning: add what the baseline has and it lacks."""
+    schema.complete(*BASELINE_MODELS)
+
+
+class SharedSettingV2(peewee.Model):
+    name = peewee.CharField(max_length=128, primary_key=True)
+    value = peewee.TextField()
+
+    class Meta:
+        table_name = "switchboard_shared_setting"
+
+
+def shared_settings(schema: Schema) -> None:
+    """The settings every replica must agree on (`switchboard.shared_settings`)."""
+    schema.create_tables(SharedSettingV2)
+
+
+MIGRATIONS = (baseline, shared_settings)
+
+DELIVERY_SCHEMA = Component(
+    name="delivery",
+    history_table="ledger_schema_history",
+    migrations=MIGRATIONS,
+    adopt=adopt_unversioned,
+    legacy_tables=("ledger_instance", "ledger_obligation"),
+)

@@ -1,0 +1,149 @@
+"""The SessionService's schema migrations, in order (how to add one: `switchboard.migrations`).
+
+The models below are frozen copies of the tables as migration 1 (the baseline,
+the schema of the release before versioning) creates them. They are not the
+store's models in `session_service.log_store`: those keep changing, a shipped
+migration never does.
+"""
+
+from __future__ import annotations
+
+import peewee
+
+from switchboard.migrations import Component, Schema
+
+
+class LogHeadV1(peewee.Model):
+    id = peewee.IntegerField(primary_key=True)
+    seq = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_log_head"
+
+
+class EventV1(peewee.Model):
+    seq = peewee.BigIntegerField(primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    session_id = peewee.CharField(max_length=128, null=True)
+    kind = peewee.CharField(max_length=32)
+    payload = peewee.BlobField()
+    tool_ref = peewee.TextField(null=True)
+
+    class Meta:
+        table_name = "session_log"
+        indexes = (
+            (("session_id", "seq"), False),
+            (("agent", "session_id", "seq"), False),
+            (("session_id", "kind", "seq"), False),
+        )
+
+
+class AgentV1(peewee.Model):
+    name = peewee.CharField(max_length=64, primary_key=True)
+    archived = peewee.BooleanField()
+    version = peewee.BigIntegerField()
+    last_seq = peewee.BigIntegerField()
+    snapshot_version = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_agent"
+
+
+class SessionV1(peewee.Model):
+    session_id = peewee.CharField(max_length=128, primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    routing_key = peewee.TextField()
+    transport = peewee.CharField(max_length=32)
+    status = peewee.IntegerField()
+    created_seq = peewee.BigIntegerField()
+    last_seq = peewee.BigIntegerField()
+    version = peewee.BigIntegerField()
+    snapshot_version = peewee.BigIntegerField()
+    resume_pending = peewee.BooleanField(default=False)
+
+    class Meta:
+        table_name = "session_session"
+        indexes = ((("agent", "created_seq"), False),)
+
+
+class RouteV1(peewee.Model):
+    agent = peewee.CharField(max_length=64)
+    routing_key = peewee.CharField(max_length=512)
+    session_id = peewee.CharField(max_length=128)
+
+    class Meta:
+        table_name = "session_route"
+        primary_key = peewee.CompositeKey("agent", "routing_key")
+
+
+class SnapshotV1(peewee.Model):
+    entity = peewee.CharField(max_length=200)
+    seq = peewee.BigIntegerField()
+    state = peewee.BlobField()
+
+    class Meta:
+        table_name = "session_snapshot"
+        primary_key = peewee.CompositeKey("entity", "seq")
+
+
+class RewindV1(peewee.Model):
+    seq = peewee.BigIntegerField(primary_key=True)
+    target = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_rewind"
+
+
+class CheckpointV1(peewee.Model):
+    label = peewee.CharField(max_length=128, primary_key=True)
+    seq = peewee.BigIntegerField()
+    created_at = peewee.DoubleField()
+
+    class Meta:
+        table_name = "session_checkpoint"
+
+
+class RetentionV1(peewee.Model):
+    id = peewee.IntegerField(primary_key=True)
+    retained_from = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_retention"
+
+
+BASELINE_MODELS: tuple[type[peewee.Model], ...] = (
+    LogHeadV1, EventV1, AgentV1, SessionV1, RouteV1, SnapshotV1, RewindV1, CheckpointV1,
+    RetentionV1,
+)  # fmt: skip
+
+
+def _seed_baseline(schema: Schema) -> None:
+    # The log's sequence counter and the retention floor are single rows the
+    # store updates, never inserts.
+    schema.seed(LogHeadV1, id=1, seq=0)
+    schema.seed(RetentionV1, id=1, retained_from=0)
+
+
+def baseline(schema: Schema) -> None:
+    """The log, its projections, snapshots, rewinds, checkpoints and retention."""
+    schema.create_tables(*BASELINE_MODELS)
+    _seed_baseline(schema)
+
+
+def adopt_unversioned(schema: Schema) -> None:
+    """A database made before versioning: add what the baseline has and it lacks
+    (older releases lacked e.g. `session_session.resume_pending`, `session_log.tool_ref`
+    and the time-travel tables)."""
+    schema.complete(*BASELINE_MODELS)
+    _seed_baseline(schema)
+
+
+MIGRATIONS = (baseline,)
+
+SESSION_SCHEMA = Component(
+    name="session",
+    history_table="session_schema_history",
+    migrations=MIGRATIONS,
+    adopt=adopt_unversioned,
+    legacy_tables=("session_log", "session_log_head", "session_session", "session_agent"),
+)

@@ -1,0 +1,405 @@
+"""Schema migrations on both backends: fresh databases, adopted old ones, refusals, the CLI.
+
+Old databases are built the way the release before versioning built them
+(`create_tables` of the store's models, no history table), with data written
+through the real services; the committed fixture under tests/fixtures was
+written by that release itself (see tests/upgrade/make_fixture.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from playhouse.migrate import SchemaMigrator, migrate
+from playhouse.schema_diff import diff_models
+
+from delivery_service.app import DeliveryUnit
+from delivery_service.migrations import DELIVERY_SCHEMA
+from delivery_service.state_machine import LedgerLimits
+from delivery_service.store import LedgerStore
+from session_service.app import SessionUnit
+from session_service.log_store import LogStore
+from session_service.migrations import SESSION_SCHEMA
+from switchboard import migrations
+from switchboard.database import Backend, DatabaseSettings, open_backend
+from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
+from switchboard.session.v1 import session_service_pb2 as spb
+from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
+from switchboard.shared_settings import SharedSettings
+from tests.harness import EventLoopThread, ServerProcess, delivery_server, session_server
+from tests.upgrade import reads, sample
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "pre-migrations"
+COMPONENTS = (SESSION_SCHEMA, DELIVERY_SCHEMA)
+
+
+@pytest.fixture
+def backend(database_url: str) -> Iterator[Backend]:
+    opened = open_backend(DatabaseSettings(url=database_url))
+    yield opened
+    opened.database.close()
+
+
+def _store_models(backend: Backend, component: migrations.Component) -> list[Any]:
+    if component is SESSION_SCHEMA:
+        return list(LogStore(backend).models)
+    store = LedgerStore(backend, LedgerLimits())
+    return [store.Instance, store.Obligation]
+
+
+def _execute(backend: Backend, sql: str) -> None:
+    database: Any = backend.database
+    with database.connection_context():
+        database.execute_sql(sql)
+
+
+def _pre_versioning_schema(backend: Backend) -> None:
+    """What the release before versioning did at start (`create_schema`, 360f72e)."""
+    database: Any = backend.database
+    store = LogStore(backend)
+    with database.connection_context():
+        database.create_tables(store.models, safe=True)
+        store.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
+        store.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
+        database.create_tables(_store_models(backend, DELIVERY_SCHEMA), safe=True)
+
+
+def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) -> None:
+    """Turns a migrated database into one of an older release: no history tables,
+    and (as before `resume_pending` existed) no such column."""
+    database: Any = backend.database
+    with database.connection_context():
+        for component in COMPONENTS:
+            database.execute_sql(f"DROP TABLE {component.history_table}")
+        database.execute_sql("DROP TABLE switchboard_shared_setting")  # delivery migration 2
+        if drop_resume_pending:
+            migrate(
+                SchemaMigrator.from_database(database).drop_column(
+                    "session_session", "resume_pending"
+                )
+            )
+
+
+def _columns(backend: Backend) -> dict[str, list[str]]:
+    database: Any = backend.database
+    with database.connection_context():
+        return {
+            table: sorted(column.name for column in database.get_columns(table))
+            for table in database.get_tables()
+        }
+
+
+def _assert_matches_the_stores(backend: Backend) -> None:
+    """The migrated schema is what the store's models declare: a model changed
+    without a migration (or a migration without the model) fails here."""
+    database: Any = backend.database
+    with database.connection_context():
+        for component in COMPONENTS:
+            models = _store_models(backend, component)
+            if component is DELIVERY_SCHEMA:
+                models.append(SharedSettings(backend).Setting)  # created by migration 2
+            diff = diff_models(database, models)
+            assert not diff, f"{component.name}: the migrations and the models differ:\n{diff}"
+
+
+def _adopted(component: migrations.Component) -> list[tuple[int, str]]:
+    """The history of a pre-versioning database brought up to date: the baseline
+    adopted, every later migration applied."""
+    later = range(2, component.code_version + 1)
+    return [(1, migrations.ADOPTED), *((version, migrations.APPLIED) for version in later)]
+
+
+def _applied(component: migrations.Component) -> list[tuple[int, str]]:
+    return [(version, migrations.APPLIED) for version in range(1, component.code_version + 1)]
+
+
+def _history(backend: Backend, component: migrations.Component) -> list[tuple[int, str]]:
+    return [(row.version, row.action) for row in migrations.status(backend, component).history]
+
+
+# -- fresh and old databases ---------------------------------------------------------------
+
+
+def test_a_fresh_database_migrates_to_the_latest_version(backend: Backend) -> None:
+    for component in COMPONENTS:
+        before = migrations.status(backend, component)
+        assert (before.database_version, before.unversioned) == (0, False)
+        assert len(before.pending) == component.code_version
+        report = migrations.migrate(backend, component)
+        assert (report.from_version, report.to_version) == (0, component.code_version)
+        assert not report.adopted
+        after = migrations.status(backend, component)
+        assert after.database_version == after.code_version == component.code_version
+        assert after.pending == []
+        assert _history(backend, component) == _applied(component)
+        # A second run finds nothing to do.
+        assert migrations.migrate(backend, component).applied == []
+    _assert_matches_the_stores(backend)
+    database: Any = backend.database
+    with database.connection_context():
+        seeds = database.execute_sql(
+            "SELECT (SELECT seq FROM session_log_head WHERE id = 1), "
+            "(SELECT retained_from FROM session_retention WHERE id = 1)"
+        ).fetchone()
+    assert tuple(seeds) == (0, 0)
+
+
+def test_a_pre_versioning_database_is_adopted_and_completed(backend: Backend) -> None:
+    _pre_versioning_schema(backend)
+    database: Any = backend.database
+    with database.connection_context():
+        migrate(
+            SchemaMigrator.from_database(database).drop_column("session_session", "resume_pending")
+        )
+        database.execute_sql("DROP TABLE session_checkpoint")
+    assert "resume_pending" not in _columns(backend)["session_session"]
+    for component in COMPONENTS:
+        found = migrations.status(backend, component)
+        assert (found.database_version, found.unversioned) == (0, True)
+        report = migrations.migrate(backend, component)
+        assert report.adopted
+        assert _history(backend, component)[0] == (1, migrations.ADOPTED)
+    columns = _columns(backend)
+    assert "resume_pending" in columns["session_session"]
+    assert "session_checkpoint" in columns
+    _assert_matches_the_stores(backend)
+
+
+def test_data_written_before_versioning_reads_back_the_same_after_adoption(
+    database_url: str, loop_thread: EventLoopThread
+) -> None:
+    """Real data through the real services, the database turned into an older
+    release's, then both services restarted on it: every read is the same."""
+    with (
+        session_server(loop_thread, database_url) as sessions,
+        delivery_server(loop_thread, database_url) as ledger,
+    ):
+        session_stub = spb_grpc.SessionServiceStub(sessions.channel)
+        delivery_stub = dpb_grpc.DeliveryServiceStub(ledger.channel)
+        head = sample.write_sessions(session_stub, resume_mark=False)
+        instance_ids = sample.write_ledger(delivery_stub)
+        before = (
+            reads.read_sessions(session_stub, head),
+            reads.read_ledger(delivery_stub, instance_ids),
+        )
+    old = open_backend(DatabaseSettings(url=database_url))
+    _make_pre_versioning(old)
+    assert all(migrations.status(old, c).unversioned for c in COMPONENTS)
+    with (
+        session_server(loop_thread, database_url) as sessions,
+        delivery_server(loop_thread, database_url) as ledger,
+    ):
+        session_stub = spb_grpc.SessionServiceStub(sessions.channel)
+        delivery_stub = dpb_grpc.DeliveryServiceStub(ledger.channel)
+        after = (
+            reads.read_sessions(session_stub, head),
+            reads.read_ledger(delivery_stub, instance_ids),
+        )
+        # Still writable after the upgrade, on the restored column too.
+        beta = before[0]["agents"]["beta"]["sessions"]
+        [sid] = [
+            sid for sid, read in beta.items() if read["session"]["source"]["transport"] == "slack"
+        ]
+        marked = session_stub.MarkResumable(
+            spb.MarkResumableRequest(agent="beta", session_id=sid, pending=True, holder="gw")
+        ).session
+        assert marked.resume_pending
+    assert after == before
+    for component in COMPONENTS:
+        assert _history(old, component) == _adopted(component)
+    _assert_matches_the_stores(old)
+    old.database.close()
+
+
+def test_the_release_fixture_migrates_and_reads_back_as_the_old_code_saw_it(
+    tmp_path: Path, loop_thread: EventLoopThread
+) -> None:
+    """SQLite files written by the release before migrations (commit 360f72e)."""
+    expected = json.loads((FIXTURE / "expected_reads.json").read_text())
+    for name in ("session.sqlite3", "delivery.sqlite3"):
+        shutil.copy(FIXTURE / name, tmp_path / name)
+    session_url = f"sqlite:///{tmp_path / 'session.sqlite3'}"
+    delivery_url = f"sqlite:///{tmp_path / 'delivery.sqlite3'}"
+    for url, component in ((session_url, SESSION_SCHEMA), (delivery_url, DELIVERY_SCHEMA)):
+        assert migrations.status(open_backend(DatabaseSettings(url=url)), component).unversioned
+    with (
+        session_server(loop_thread, session_url) as sessions,
+        delivery_server(loop_thread, delivery_url) as ledger,
+    ):
+        session_stub = spb_grpc.SessionServiceStub(sessions.channel)
+        delivery_stub = dpb_grpc.DeliveryServiceStub(ledger.channel)
+        assert reads.read_sessions(session_stub, expected["head"]) == expected["sessions"]
+        got = reads.read_ledger(delivery_stub, expected["instance_ids"])
+        assert got == expected["ledger"]
+    session_backend = open_backend(DatabaseSettings(url=session_url))
+    assert _history(session_backend, SESSION_SCHEMA) == _adopted(SESSION_SCHEMA)
+    delivery_backend = open_backend(DatabaseSettings(url=delivery_url))
+    assert _history(delivery_backend, DELIVERY_SCHEMA) == _adopted(DELIVERY_SCHEMA)
+    database: Any = session_backend.database
+    with database.connection_context():
+        diff = diff_models(database, LogStore(session_backend).models)
+    assert not diff, str(diff)
+
+
+# -- refusals --------------------------------------------------------------------------------
+
+
+def _bump_past_the_code(backend: Backend, component: migrations.Component) -> int:
+    newer = component.code_version + 1
+    database: Any = backend.database
+    with database.connection_context():
+        database.execute_sql(
+            f"INSERT INTO {component.history_table} "
+            "(version, name, action, applied_at, applied_by) "
+            f"VALUES ({newer}, 'from_the_future', 'applied', 0, 'a newer release')"
+        )
+    return newer
+
+
+def test_code_older_than_the_schema_refuses_to_start_and_touches_nothing(
+    backend: Backend, database_url: str
+) -> None:
+    for component in COMPONENTS:
+        migrations.migrate(backend, component)
+    newer = {component.name: _bump_past_the_code(backend, component) for component in COMPONENTS}
+    # Something a migrating (or table-creating) start would put back:
+    _execute(backend, "DROP TABLE session_checkpoint")
+    before = _columns(backend)
+    settings = DatabaseSettings(url=database_url)
+    with pytest.raises(migrations.SchemaNewerThanCode) as refused:
+        SessionUnit(settings)
+    message = str(refused.value)
+    assert f"version {newer['session']}" in message
+    assert f"version {SESSION_SCHEMA.code_version}" in message
+    with pytest.raises(migrations.SchemaNewerThanCode):
+        DeliveryUnit(settings)
+    with pytest.raises(migrations.SchemaNewerThanCode):
+        migrations.migrate(backend, SESSION_SCHEMA)
+    assert _columns(backend) == before
+
+
+def test_no_migrate_refuses_a_schema_that_is_behind(backend: Backend, database_url: str) -> None:
+    settings = DatabaseSettings(url=database_url)
+    with pytest.raises(migrations.SchemaBehind, match="switchboard db migrate"):
+        SessionUnit(settings, migrate=False)
+    with pytest.raises(migrations.SchemaBehind, match="switchboard db migrate"):
+        DeliveryUnit(settings, migrate=False)
+    # The SQLite backend's clock anchor is the backend's own, made when it opens the file.
+    created = {t for t in _columns(backend) if t != "switchboard_clock_anchor"}
+    assert created == set(), "a refused start created tables"
+    for component in COMPONENTS:
+        migrations.migrate(backend, component)
+    SessionUnit(settings, migrate=False).close()
+    DeliveryUnit(settings, migrate=False).close()
+
+
+# -- the command line ------------------------------------------------------------------------
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "switchboard", "--log-format", "text", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _urls(url: str) -> tuple[str, ...]:
+    return ("--session-database-url", url, "--delivery-database-url", url)
+
+
+def test_db_status_and_migrate_through_the_cli(database_url: str, tmp_path: Path) -> None:
+    if database_url.startswith("sqlite:///"):
+        missing = _cli("db", "status", *_urls(database_url))
+        assert missing.returncode == 0, missing.stderr
+        assert missing.stdout.count("no database file") == 2
+        assert not Path(database_url.removeprefix("sqlite:///")).exists()
+        open_backend(DatabaseSettings(url=database_url)).database.connect()  # an empty file
+    status = _cli("db", "status", *_urls(database_url), "--data-dir", str(tmp_path))
+    assert status.returncode == 0, status.stderr
+    assert "session" in status.stdout and "delivery" in status.stdout
+    for component in COMPONENTS:
+        assert f"{component.code_version} pending" in status.stdout
+    assert "database version: 0" in status.stdout
+    assert "pending 1 baseline" in status.stdout
+
+    done = _cli("db", "migrate", "session", *_urls(database_url))
+    assert done.returncode == 0, done.stderr
+    assert "session: migrated from version 0 to 1" in done.stdout
+    assert "delivery" not in done.stdout
+    done = _cli("db", "migrate", *_urls(database_url))
+    assert done.returncode == 0, done.stderr
+    assert "session: already at version 1" in done.stdout
+    assert f"delivery: migrated from version 0 to {DELIVERY_SCHEMA.code_version}" in done.stdout
+
+    status = _cli("db", "status", *_urls(database_url))
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count("up to date") == 2
+    assert status.stdout.count("applied 1 baseline") == 2
+    assert "pending" not in status.stdout
+
+
+def test_db_status_names_an_unversioned_database(database_url: str) -> None:
+    backend = open_backend(DatabaseSettings(url=database_url))
+    _pre_versioning_schema(backend)
+    status = _cli("db", "status", "delivery", *_urls(database_url))
+    assert status.returncode == 0, status.stderr
+    assert "before versioning" in status.stdout
+    done = _cli("db", "migrate", "delivery", *_urls(database_url))
+    assert "adopted" in done.stdout, done.stdout + done.stderr
+    assert _history(backend, DELIVERY_SCHEMA) == _adopted(DELIVERY_SCHEMA)
+
+
+def test_serve_refuses_a_newer_schema_with_a_clear_message(database_url: str) -> None:
+    backend = open_backend(DatabaseSettings(url=database_url))
+    migrations.migrate(backend, SESSION_SCHEMA)
+    newer = _bump_past_the_code(backend, SESSION_SCHEMA)
+    for args in (
+        ("serve", "session", "--session-listen", "127.0.0.1:0", *_urls(database_url)),
+        ("db", "migrate", "session", *_urls(database_url)),
+    ):
+        refused = _cli(*args)
+        assert refused.returncode != 0
+        assert f"version {newer}" in refused.stderr
+        assert f"version {SESSION_SCHEMA.code_version}" in refused.stderr
+        assert "Traceback" not in refused.stderr + refused.stdout
+
+
+def test_serve_no_migrate_refuses_until_db_migrate_ran(database_url: str, tmp_path: Path) -> None:
+    serve = ("serve", "delivery", "--delivery-listen", "127.0.0.1:0", *_urls(database_url))
+    for refused in (
+        _cli(*serve, "--no-migrate"),
+        _cli(*serve, env={"SWITCHBOARD_NO_MIGRATE": "1"}),
+    ):
+        assert refused.returncode != 0
+        assert "switchboard db migrate" in refused.stderr
+        assert "Traceback" not in refused.stderr + refused.stdout
+    assert _cli("db", "migrate", "delivery", *_urls(database_url)).returncode == 0
+    server = ServerProcess(database_url, tmp_path, "--no-migrate")
+    try:
+        server.start()
+    finally:
+        server.stop_quietly()
+    backend = open_backend(DatabaseSettings(url=database_url))
+    assert _history(backend, DELIVERY_SCHEMA) == _applied(DELIVERY_SCHEMA)
+
+
+def test_every_component_has_a_lock_key_and_title_of_its_own() -> None:
+    assert SESSION_SCHEMA.lock_key != DELIVERY_SCHEMA.lock_key
+    assert SESSION_SCHEMA.history_table != DELIVERY_SCHEMA.history_table
+    for component in COMPONENTS:
+        for version in range(1, component.code_version + 1):
+            assert component.title(version).startswith(f"{version} ")
+            assert ":" in component.title(version), "a migration without a docstring"
