@@ -34,6 +34,7 @@ import grpc
 from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.request_ids import request_id
 from bench.stats import STEPS_PER_CYCLE, summarise
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
@@ -98,6 +99,7 @@ async def _client(
                     chat_id=f"C{client}",
                     thread_id="171.001",
                     begin_attempt=begin_attempt,
+                    request_id=request_id(),
                 ),
                 timeout=RPC_TIMEOUT_S,
             )
@@ -107,7 +109,10 @@ async def _client(
             if not begin_attempt:
                 await stub.MarkAttempting(
                     pb.MarkAttemptingRequest(
-                        obligation_id=row.id, instance_id=instance_id, fence=row.fence
+                        obligation_id=row.id,
+                        instance_id=instance_id,
+                        fence=row.fence,
+                        request_id=request_id(),
                     ),
                     timeout=RPC_TIMEOUT_S,
                 )
@@ -117,6 +122,7 @@ async def _client(
                     instance_id=instance_id,
                     fence=row.fence,
                     platform_message_id=f"pm-{client}-{i}",
+                    request_id=request_id(),
                 ),
                 timeout=RPC_TIMEOUT_S,
             )

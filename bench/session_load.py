@@ -40,6 +40,7 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.request_ids import request_id
 from bench.stats import percentile, summarise
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
@@ -129,7 +130,10 @@ async def _append_client(
                 break
             response = await stub.AppendEvents(
                 pb.AppendEventsRequest(
-                    agent=agent, session_id=session_id, events=[message_event(client, i)]
+                    agent=agent,
+                    session_id=session_id,
+                    events=[message_event(client, i)],
+                    request_id=request_id(),
                 ),
                 timeout=RPC_TIMEOUT_S,
             )

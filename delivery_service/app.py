@@ -17,6 +17,7 @@ from delivery_service.store import LedgerStore
 from switchboard import migrations
 from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
+from switchboard.idempotency import LEDGER_REQUESTS, RequestStore
 from switchboard.runner import TransactionRunner
 from switchboard.shared_settings import SharedSettings, shared
 
@@ -70,11 +71,12 @@ class DeliveryUnit:
         self.limits = agreed_limits(backend, wanted, database.on_settings_mismatch)
         self.store = LedgerStore(backend, self.limits)
         self.runner = TransactionRunner(backend, database)
+        self.requests = RequestStore(backend, LEDGER_REQUESTS, self.limits.request_id_window_s)
         self.ledger = Ledger(self.runner, self.store, self.limits)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         delivery_service_pb2_grpc.add_DeliveryServiceServicer_to_server(
-            DeliveryServicer(self.ledger), server
+            DeliveryServicer(self.ledger, self.requests), server
         )
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import peewee
 
+from switchboard.idempotency import LEDGER_REQUESTS, RequestRecordV1
 from switchboard.migrations import Component, Schema
 
 
@@ -84,7 +85,17 @@ def shared_settings(schema: Schema) -> None:
     schema.create_tables(SharedSettingV2)
 
 
-MIGRATIONS = (baseline, shared_settings)
+class LedgerRequestRecordV3(RequestRecordV1):
+    class Meta:
+        table_name = LEDGER_REQUESTS
+
+
+def request_records(schema: Schema) -> None:
+    """Calls remembered by request id, so that a retry is answered, not redone."""
+    schema.create_tables(LedgerRequestRecordV3)
+
+
+MIGRATIONS = (baseline, shared_settings, request_records)
 
 DELIVERY_SCHEMA = Component(
     name="delivery",

@@ -6,17 +6,29 @@ Errors raised by the ledger reach the client through
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from google.protobuf.message import Message
 
 from delivery_service.ledger import Ledger
-from delivery_service.records import Instance, NewObligation, Obligation, ObligationFilter
+from delivery_service.records import (
+    ClaimResult,
+    Instance,
+    NewObligation,
+    Obligation,
+    ObligationFilter,
+)
 from delivery_service.state_machine import State
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from switchboard.errors import InvalidArgument
+from switchboard.idempotency import RequestStore
+from switchboard.mutations import Mutations
 from switchboard.proto_time import duration, seconds_of, timestamp
 
 Context = Any  # grpc.aio.ServicerContext; unused by these handlers
+Answer = TypeVar("Answer", bound=Message)
 
 _STATE_TO_PB = {
     State.PENDING: pb.OBLIGATION_STATE_PENDING,
@@ -77,30 +89,61 @@ def state_filter(value: int) -> State | None:
     return _STATE_FROM_PB[value]  # type: ignore[index]
 
 
-class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
-    def __init__(self, ledger: Ledger) -> None:
-        self.ledger = ledger
+def with_instance(response: type[Answer]) -> Callable[[Instance], Answer]:
+    """The response of an RPC that answers with the instance it changed."""
+    return lambda instance: response(instance=instance_pb(instance))
 
+
+def with_obligation(response: type[Answer]) -> Callable[[Obligation], Answer]:
+    """The response of an RPC that answers with the obligation it changed."""
+    return lambda row: response(obligation=obligation_pb(row))
+
+
+def recorded_pb(recorded: tuple[Obligation, bool]) -> pb.RecordObligationResponse:
+    row, created = recorded
+    return pb.RecordObligationResponse(obligation=obligation_pb(row), created=created)
+
+
+def pruned_pb(pruned: int) -> pb.PruneObligationsResponse:
+    return pb.PruneObligationsResponse(pruned_count=pruned)
+
+
+def claimed_pb(result: ClaimResult) -> pb.ClaimRecoverableResponse:
+    return pb.ClaimRecoverableResponse(
+        obligations=[obligation_pb(row) for row in result.obligations],
+        abandoned_count=result.abandoned_count,
+        gated_count=result.gated_count,
+    )
+
+
+mutation = Mutations(pb.DESCRIPTOR.services_by_name["DeliveryService"])
+
+
+class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
+    def __init__(self, ledger: Ledger, requests: RequestStore) -> None:
+        self.ledger = ledger
+        self.requests = requests
+
+    @mutation(with_instance(pb.RegisterInstanceResponse))
     async def RegisterInstance(  # noqa: N802
         self, request: pb.RegisterInstanceRequest, context: Context
-    ) -> pb.RegisterInstanceResponse:
+    ) -> Instance:
         ttl = seconds_of(request.lease_ttl) if request.HasField("lease_ttl") else None
-        instance = await self.ledger.register_instance(
+        return await self.ledger.register_instance(
             request.gateway_name, request.host, request.pid, request.platforms, ttl
         )
-        return pb.RegisterInstanceResponse(instance=instance_pb(instance))
 
+    @mutation(with_instance(pb.HeartbeatResponse))
     async def Heartbeat(  # noqa: N802
         self, request: pb.HeartbeatRequest, context: Context
-    ) -> pb.HeartbeatResponse:
-        instance = await self.ledger.heartbeat(request.instance_id, request.platforms)
-        return pb.HeartbeatResponse(instance=instance_pb(instance))
+    ) -> Instance:
+        return await self.ledger.heartbeat(request.instance_id, request.platforms)
 
+    @mutation(with_instance(pb.DeregisterInstanceResponse))
     async def DeregisterInstance(  # noqa: N802
         self, request: pb.DeregisterInstanceRequest, context: Context
-    ) -> pb.DeregisterInstanceResponse:
-        instance = await self.ledger.deregister(request.instance_id)
-        return pb.DeregisterInstanceResponse(instance=instance_pb(instance))
+    ) -> Instance:
+        return await self.ledger.deregister(request.instance_id)
 
     async def GetInstance(  # noqa: N802
         self, request: pb.GetInstanceRequest, context: Context
@@ -108,9 +151,10 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
         instance, live = await self.ledger.get_instance(request.instance_id)
         return pb.GetInstanceResponse(instance=instance_pb(instance, live))
 
+    @mutation(recorded_pb)
     async def RecordObligation(  # noqa: N802
         self, request: pb.RecordObligationRequest, context: Context
-    ) -> pb.RecordObligationResponse:
+    ) -> tuple[Obligation, bool]:
         new = NewObligation(
             session_key=request.session_key,
             message_ref=request.message_ref,
@@ -120,30 +164,30 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             thread_id=request.thread_id,
             metadata=dict(request.metadata),
         )
-        row, created = await self.ledger.record(request.instance_id, new, request.begin_attempt)
-        return pb.RecordObligationResponse(obligation=obligation_pb(row), created=created)
+        return await self.ledger.record(request.instance_id, new, request.begin_attempt)
 
+    @mutation(with_obligation(pb.MarkAttemptingResponse))
     async def MarkAttempting(  # noqa: N802
         self, request: pb.MarkAttemptingRequest, context: Context
-    ) -> pb.MarkAttemptingResponse:
-        row = await self.ledger.mark_attempting(
+    ) -> Obligation:
+        return await self.ledger.mark_attempting(
             request.obligation_id, request.instance_id, request.fence
         )
-        return pb.MarkAttemptingResponse(obligation=obligation_pb(row))
 
+    @mutation(with_obligation(pb.MarkDeliveredResponse))
     async def MarkDelivered(  # noqa: N802
         self, request: pb.MarkDeliveredRequest, context: Context
-    ) -> pb.MarkDeliveredResponse:
-        row = await self.ledger.mark_delivered(
+    ) -> Obligation:
+        return await self.ledger.mark_delivered(
             request.obligation_id, request.instance_id, request.fence, request.platform_message_id
         )
-        return pb.MarkDeliveredResponse(obligation=obligation_pb(row))
 
+    @mutation(with_obligation(pb.MarkFailedResponse))
     async def MarkFailed(  # noqa: N802
         self, request: pb.MarkFailedRequest, context: Context
-    ) -> pb.MarkFailedResponse:
+    ) -> Obligation:
         retry_after = seconds_of(request.retry_after) if request.HasField("retry_after") else None
-        row = await self.ledger.mark_failed(
+        return await self.ledger.mark_failed(
             request.obligation_id,
             request.instance_id,
             request.fence,
@@ -151,24 +195,17 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             request.retryable,
             retry_after,
         )
-        return pb.MarkFailedResponse(obligation=obligation_pb(row))
 
+    @mutation(claimed_pb)
     async def ClaimRecoverable(  # noqa: N802
         self, request: pb.ClaimRecoverableRequest, context: Context
-    ) -> pb.ClaimRecoverableResponse:
+    ) -> ClaimResult:
         deliverable = (
             list(request.deliverable_platforms.platforms)
             if request.HasField("deliverable_platforms")
             else None
         )
-        result = await self.ledger.claim_recoverable(
-            request.instance_id, deliverable, request.limit
-        )
-        return pb.ClaimRecoverableResponse(
-            obligations=[obligation_pb(row) for row in result.obligations],
-            abandoned_count=result.abandoned_count,
-            gated_count=result.gated_count,
-        )
+        return await self.ledger.claim_recoverable(request.instance_id, deliverable, request.limit)
 
     async def GetObligation(  # noqa: N802
         self, request: pb.GetObligationRequest, context: Context
@@ -191,17 +228,17 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             next_page_token=page.next_page_token,
         )
 
+    @mutation(with_obligation(pb.RetryObligationResponse))
     async def RetryObligation(  # noqa: N802
         self, request: pb.RetryObligationRequest, context: Context
-    ) -> pb.RetryObligationResponse:
-        row = await self.ledger.retry(request.obligation_id)
-        return pb.RetryObligationResponse(obligation=obligation_pb(row))
+    ) -> Obligation:
+        return await self.ledger.retry(request.obligation_id)
 
+    @mutation(with_obligation(pb.AbandonObligationResponse))
     async def AbandonObligation(  # noqa: N802
         self, request: pb.AbandonObligationRequest, context: Context
-    ) -> pb.AbandonObligationResponse:
-        row = await self.ledger.abandon(request.obligation_id, request.reason)
-        return pb.AbandonObligationResponse(obligation=obligation_pb(row))
+    ) -> Obligation:
+        return await self.ledger.abandon(request.obligation_id, request.reason)
 
     async def GetLedgerStats(  # noqa: N802
         self, request: pb.GetLedgerStatsRequest, context: Context
@@ -221,10 +258,11 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             live_instance_count=stats.live_instance_count,
         )
 
+    @mutation(pruned_pb)
     async def PruneObligations(  # noqa: N802
         self, request: pb.PruneObligationsRequest, context: Context
-    ) -> pb.PruneObligationsResponse:
+    ) -> int:
         older_than = seconds_of(request.older_than) if request.HasField("older_than") else None
         if older_than is not None and older_than < 0:
             raise InvalidArgument("older_than", "must not be negative")
-        return pb.PruneObligationsResponse(pruned_count=await self.ledger.prune(older_than))
+        return await self.ledger.prune(older_than)

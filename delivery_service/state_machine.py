@@ -17,6 +17,8 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from switchboard.idempotency import DEFAULT_WINDOW_S
+
 
 class State(enum.StrEnum):
     PENDING = "pending"
@@ -71,3 +73,5 @@ class LedgerLimits:
     max_content_bytes: int = 256 * 1024
     #: Rows a claim returns when the caller does not say.
     default_claim_limit: int = 100
+    #: How long a request id's answer is kept for retries.
+    request_id_window_s: float = DEFAULT_WINDOW_S

@@ -15,6 +15,7 @@ from session_service.servicer import SessionServicer
 from session_service.sessions import SessionLimits, Sessions
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
+from switchboard.idempotency import SESSION_REQUESTS, RequestStore
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
 
@@ -40,12 +41,13 @@ class SessionUnit:
         migrations.prepare(backend, SESSION_SCHEMA, migrate_behind=migrate)
         self.store = LogStore(backend)
         self.runner = TransactionRunner(backend, database, begin_write=self.store.lock_log)
+        self.requests = RequestStore(backend, SESSION_REQUESTS, self.limits.request_id_window_s)
         self.sessions = Sessions(self.runner, self.store, self.limits)
         self.head = recovery.verify(self.sessions)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-            SessionServicer(self.sessions), server
+            SessionServicer(self.sessions, self.requests), server
         )
 
     def close(self) -> None:

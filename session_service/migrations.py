@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import peewee
 
+from switchboard.idempotency import SESSION_REQUESTS, RequestRecordV1
 from switchboard.migrations import Component, Schema
 
 
@@ -138,7 +139,17 @@ def adopt_unversioned(schema: Schema) -> None:
     _seed_baseline(schema)
 
 
-MIGRATIONS = (baseline,)
+class SessionRequestRecordV2(RequestRecordV1):
+    class Meta:
+        table_name = SESSION_REQUESTS
+
+
+def request_records(schema: Schema) -> None:
+    """Calls remembered by request id, so that a retry is answered, not redone."""
+    schema.create_tables(SessionRequestRecordV2)
+
+
+MIGRATIONS = (baseline, request_records)
 
 SESSION_SCHEMA = Component(
     name="session",

@@ -20,12 +20,14 @@ from session_service.sessions import (
 )
 from switchboard import validation
 from switchboard.errors import FailedPrecondition, InvalidArgument, PermissionDenied
+from switchboard.idempotency import NotAnAnswer
 from switchboard.session.v1 import session_service_pb2 as pb
 
 
 @dataclass(frozen=True)
-class Refused:
-    """A denial, committed as an audit event and carried out of the transaction."""
+class Refused(NotAnAnswer):
+    """A denial, committed as an audit event and carried out of the transaction
+    (not remembered under a request id: the caller sees an error)."""
 
     decision: pb.PermissionChecked
 

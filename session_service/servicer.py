@@ -13,23 +13,30 @@ from session_service.continuity import Continuity
 from session_service.multi_agent import MultiAgent
 from session_service.sessions import Sessions
 from session_service.time_travel import TimeTravel
+from switchboard.idempotency import RequestStore
+from switchboard.mutations import Mutations
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 
 Context = Any  # grpc.aio.ServicerContext; unused by these handlers
 
 
+mutation = Mutations(pb.DESCRIPTOR.services_by_name["SessionService"])
+
+
 class SessionServicer(pb_grpc.SessionServiceServicer):
-    def __init__(self, sessions: Sessions) -> None:
+    def __init__(self, sessions: Sessions, requests: RequestStore) -> None:
         self.sessions = sessions
+        self.requests = requests
         self.time_travel = TimeTravel(sessions)
         self.multi_agent = MultiAgent(sessions)
         self.continuity = Continuity(sessions)
 
+    @mutation(lambda agent: pb.CreateAgentResponse(agent=agent))
     async def CreateAgent(  # noqa: N802
         self, request: pb.CreateAgentRequest, context: Context
-    ) -> pb.CreateAgentResponse:
-        return pb.CreateAgentResponse(agent=await self.sessions.create_agent(request.agent))
+    ) -> pb.Agent:
+        return await self.sessions.create_agent(request.agent)
 
     async def GetAgent(  # noqa: N802
         self, request: pb.GetAgentRequest, context: Context
@@ -44,44 +51,43 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         )
         return pb.ListAgentsResponse(agents=agents, next_page_token=token)
 
+    @mutation(lambda agent: pb.UpdateAgentResponse(agent=agent))
     async def UpdateAgent(  # noqa: N802
         self, request: pb.UpdateAgentRequest, context: Context
-    ) -> pb.UpdateAgentResponse:
-        agent = await self.sessions.update_agent(request.agent, request.update_mask)
-        return pb.UpdateAgentResponse(agent=agent)
+    ) -> pb.Agent:
+        return await self.sessions.update_agent(request.agent, request.update_mask)
 
+    @mutation(lambda agent: pb.DeleteAgentResponse(agent=agent))
     async def DeleteAgent(  # noqa: N802
         self, request: pb.DeleteAgentRequest, context: Context
-    ) -> pb.DeleteAgentResponse:
-        return pb.DeleteAgentResponse(agent=await self.sessions.delete_agent(request.name))
+    ) -> pb.Agent:
+        return await self.sessions.delete_agent(request.name)
 
+    @mutation(lambda agent: pb.PutMemoryResponse(agent=agent))
     async def PutMemory(  # noqa: N802
         self, request: pb.PutMemoryRequest, context: Context
-    ) -> pb.PutMemoryResponse:
-        agent = await self.sessions.put_memory(request.agent, request.key, request.value)
-        return pb.PutMemoryResponse(agent=agent)
+    ) -> pb.Agent:
+        return await self.sessions.put_memory(request.agent, request.key, request.value)
 
+    @mutation(lambda agent: pb.DeleteMemoryResponse(agent=agent))
     async def DeleteMemory(  # noqa: N802
         self, request: pb.DeleteMemoryRequest, context: Context
-    ) -> pb.DeleteMemoryResponse:
-        agent = await self.sessions.delete_memory(request.agent, request.key)
-        return pb.DeleteMemoryResponse(agent=agent)
+    ) -> pb.Agent:
+        return await self.sessions.delete_memory(request.agent, request.key)
 
+    @mutation(lambda found: pb.ResolveSessionResponse(session=found[0], created=found[1]))
     async def ResolveSession(  # noqa: N802
         self, request: pb.ResolveSessionRequest, context: Context
-    ) -> pb.ResolveSessionResponse:
-        session, created = await self.sessions.resolve(
-            request.agent, request.source, request.session_id
-        )
-        return pb.ResolveSessionResponse(session=session, created=created)
+    ) -> tuple[pb.Session, bool]:
+        return await self.sessions.resolve(request.agent, request.source, request.session_id)
 
+    @mutation(lambda session: pb.SpawnSessionResponse(session=session))
     async def SpawnSession(  # noqa: N802
         self, request: pb.SpawnSessionRequest, context: Context
-    ) -> pb.SpawnSessionResponse:
-        session = await self.sessions.spawn(
+    ) -> pb.Session:
+        return await self.sessions.spawn(
             request.agent, request.session_id, dict(request.temp_state)
         )
-        return pb.SpawnSessionResponse(session=session)
 
     async def GetSession(  # noqa: N802
         self, request: pb.GetSessionRequest, context: Context
@@ -97,34 +103,32 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         )
         return pb.ListSessionsResponse(sessions=sessions, next_page_token=token)
 
+    @mutation(lambda session: pb.EndSessionResponse(session=session))
     async def EndSession(  # noqa: N802
         self, request: pb.EndSessionRequest, context: Context
-    ) -> pb.EndSessionResponse:
-        session = await self.sessions.end(request.agent, request.session_id, request.reason)
-        return pb.EndSessionResponse(session=session)
+    ) -> pb.Session:
+        return await self.sessions.end(request.agent, request.session_id, request.reason)
 
+    @mutation(lambda pair: pb.ResetSessionResponse(ended=pair[0], session=pair[1]))
     async def ResetSession(  # noqa: N802
         self, request: pb.ResetSessionRequest, context: Context
-    ) -> pb.ResetSessionResponse:
-        ended, fresh = await self.sessions.reset(request.agent, request.session_id, request.reason)
-        return pb.ResetSessionResponse(ended=ended, session=fresh)
+    ) -> tuple[pb.Session, pb.Session]:
+        return await self.sessions.reset(request.agent, request.session_id, request.reason)
 
+    @mutation(lambda done: pb.AppendEventsResponse(events=done[0], version=done[1]))
     async def AppendEvents(  # noqa: N802
         self, request: pb.AppendEventsRequest, context: Context
-    ) -> pb.AppendEventsResponse:
+    ) -> tuple[list[pb.Event], int]:
         expected = request.expected_version if request.HasField("expected_version") else None
-        events, version = await self.sessions.append(
+        return await self.sessions.append(
             request.agent, request.session_id, expected, request.events
         )
-        return pb.AppendEventsResponse(events=events, version=version)
 
+    @mutation(lambda event: pb.PostToInboxResponse(event=event))
     async def PostToInbox(  # noqa: N802
         self, request: pb.PostToInboxRequest, context: Context
-    ) -> pb.PostToInboxResponse:
-        event = await self.sessions.post_to_inbox(
-            request.agent, request.session_id, request.message
-        )
-        return pb.PostToInboxResponse(event=event)
+    ) -> pb.Event:
+        return await self.sessions.post_to_inbox(request.agent, request.session_id, request.message)
 
     async def GetHistory(  # noqa: N802
         self, request: pb.GetHistoryRequest, context: Context
@@ -145,11 +149,11 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         state, agent = await self.sessions.state(request.agent, request.session_id)
         return pb.GetSessionStateResponse(state=state, agent=agent)
 
+    @mutation(lambda sequence: pb.SnapshotSessionResponse(sequence=sequence))
     async def SnapshotSession(  # noqa: N802
         self, request: pb.SnapshotSessionRequest, context: Context
-    ) -> pb.SnapshotSessionResponse:
-        sequence = await self.sessions.snapshot(request.agent, request.session_id)
-        return pb.SnapshotSessionResponse(sequence=sequence)
+    ) -> int:
+        return await self.sessions.snapshot(request.agent, request.session_id)
 
     async def WatchEvents(  # noqa: N802
         self, request: pb.WatchEventsRequest, context: Context
@@ -158,11 +162,11 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         async for event in events:
             yield pb.WatchEventsResponse(event=event)
 
+    @mutation(lambda checkpoint: pb.CreateCheckpointResponse(checkpoint=checkpoint))
     async def CreateCheckpoint(  # noqa: N802
         self, request: pb.CreateCheckpointRequest, context: Context
-    ) -> pb.CreateCheckpointResponse:
-        checkpoint = await self.time_travel.create_checkpoint(request.label)
-        return pb.CreateCheckpointResponse(checkpoint=checkpoint)
+    ) -> pb.Checkpoint:
+        return await self.time_travel.create_checkpoint(request.label)
 
     async def ListCheckpoints(  # noqa: N802
         self, request: pb.ListCheckpointsRequest, context: Context
@@ -170,45 +174,47 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         checkpoints = await self.time_travel.list_checkpoints()
         return pb.ListCheckpointsResponse(checkpoints=checkpoints)
 
+    @mutation(lambda record: pb.RewindResponse(record=record))
     async def Rewind(  # noqa: N802
         self, request: pb.RewindRequest, context: Context
-    ) -> pb.RewindResponse:
+    ) -> pb.Event:
         sequence = request.sequence if request.WhichOneof("target") == "sequence" else None
-        record = await self.time_travel.rewind(sequence, request.checkpoint)
-        return pb.RewindResponse(record=record)
+        return await self.time_travel.rewind(sequence, request.checkpoint)
 
+    @mutation(lambda record: pb.CheckoutResponse(record=record))
     async def Checkout(  # noqa: N802
         self, request: pb.CheckoutRequest, context: Context
-    ) -> pb.CheckoutResponse:
-        return pb.CheckoutResponse(record=await self.time_travel.checkout(request.sequence))
+    ) -> pb.Event:
+        return await self.time_travel.checkout(request.sequence)
 
+    @mutation(lambda done: pb.TruncateLogResponse(retained_from=done[0], deleted_count=done[1]))
     async def TruncateLog(  # noqa: N802
         self, request: pb.TruncateLogRequest, context: Context
-    ) -> pb.TruncateLogResponse:
-        retained, deleted = await self.time_travel.truncate(request.below_sequence)
-        return pb.TruncateLogResponse(retained_from=retained, deleted_count=deleted)
+    ) -> tuple[int, int]:
+        return await self.time_travel.truncate(request.below_sequence)
 
+    @mutation(lambda session: pb.ForkSessionResponse(session=session))
     async def ForkSession(  # noqa: N802
         self, request: pb.ForkSessionRequest, context: Context
-    ) -> pb.ForkSessionResponse:
-        session = await self.multi_agent.fork(
+    ) -> pb.Session:
+        return await self.multi_agent.fork(
             request.agent, request.session_id, request.at_sequence, request.narrowing
         )
-        return pb.ForkSessionResponse(session=session)
 
+    @mutation(lambda found: pb.DelegateResponse(session=found[0], created=found[1]))
     async def Delegate(  # noqa: N802
         self, request: pb.DelegateRequest, context: Context
-    ) -> pb.DelegateResponse:
-        session, created = await self.multi_agent.delegate(
+    ) -> tuple[pb.Session, bool]:
+        return await self.multi_agent.delegate(
             request.agent, request.session_id, request.to_agent, request.task, request.context
         )
-        return pb.DelegateResponse(session=session, created=created)
 
+    @mutation(lambda event: pb.SendToPeerResponse(event=event))
     async def SendToPeer(  # noqa: N802
         self, request: pb.SendToPeerRequest, context: Context
-    ) -> pb.SendToPeerResponse:
+    ) -> pb.Event:
         source = request.source if request.WhichOneof("target") == "source" else None
-        event = await self.multi_agent.send_to_peer(
+        return await self.multi_agent.send_to_peer(
             request.agent,
             request.session_id,
             request.to_agent,
@@ -216,34 +222,31 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.to_session_id,
             request.message,
         )
-        return pb.SendToPeerResponse(event=event)
 
+    @mutation(lambda done: pb.CheckPermissionResponse(decision=done[0], sequence=done[1]))
     async def CheckPermission(  # noqa: N802
         self, request: pb.CheckPermissionRequest, context: Context
-    ) -> pb.CheckPermissionResponse:
-        decision, sequence = await self.multi_agent.check(
+    ) -> tuple[pb.PermissionChecked, int]:
+        return await self.multi_agent.check(
             request.agent, request.session_id, request.action, request.resource
         )
-        return pb.CheckPermissionResponse(decision=decision, sequence=sequence)
 
+    @mutation(lambda session: pb.MarkResumableResponse(session=session))
     async def MarkResumable(  # noqa: N802
         self, request: pb.MarkResumableRequest, context: Context
-    ) -> pb.MarkResumableResponse:
-        session = await self.continuity.mark(
+    ) -> pb.Session:
+        return await self.continuity.mark(
             request.agent, request.session_id, request.pending, request.holder
         )
-        return pb.MarkResumableResponse(session=session)
 
+    @mutation(lambda session: pb.SuspendSessionResponse(session=session))
     async def SuspendSession(  # noqa: N802
         self, request: pb.SuspendSessionRequest, context: Context
-    ) -> pb.SuspendSessionResponse:
-        session = await self.continuity.suspend(
-            request.agent, request.session_id, request.suspended
-        )
-        return pb.SuspendSessionResponse(session=session)
+    ) -> pb.Session:
+        return await self.continuity.suspend(request.agent, request.session_id, request.suspended)
 
+    @mutation(lambda found: pb.ListResumableResponse(sessions=found[0], expired=found[1]))
     async def ListResumable(  # noqa: N802
         self, request: pb.ListResumableRequest, context: Context
-    ) -> pb.ListResumableResponse:
-        fresh, expired = await self.continuity.list_resumable(request.agent)
-        return pb.ListResumableResponse(sessions=fresh, expired=expired)
+    ) -> tuple[list[pb.Session], list[pb.Session]]:
+        return await self.continuity.list_resumable(request.agent)

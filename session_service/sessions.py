@@ -34,6 +34,7 @@ from switchboard.errors import (
     NotFound,
     PermissionDenied,
 )
+from switchboard.idempotency import DEFAULT_WINDOW_S
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2 as pb
 
@@ -58,6 +59,8 @@ class SessionLimits:
     max_content_bytes: int = 256 * 1024
     #: How often an idle watcher looks for events other replicas appended.
     watch_poll_s: float = 1.0
+    #: How long a request id's answer is kept for retries.
+    request_id_window_s: float = DEFAULT_WINDOW_S
 
 
 def agent_name(field: str, value: str) -> str:

@@ -10,6 +10,8 @@ With no tokens configured, authentication is off (the local default).
 
 from __future__ import annotations
 
+import contextvars
+import hashlib
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -37,6 +39,28 @@ AGENT_FIELDS = ("agent", "to_agent", "name")
 class Grant:
     admin: bool = False
     agents: frozenset[str] = frozenset()
+
+    @property
+    def principal(self) -> str:
+        """Who the caller is, for scoping request ids: the grant's scope, never the
+        token (tokens of one scope may do the same, so they may share answers; a
+        rotated token keeps its retries). Long scopes are digested."""
+        if self.admin:
+            return "admin"
+        scope = "agents:" + ",".join(sorted(self.agents))
+        if len(scope) <= 128:
+            return scope
+        return "agents#" + hashlib.sha256(scope.encode()).hexdigest()
+
+
+#: The principal of the call being served ("" with authentication off).
+_PRINCIPAL: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "switchboard_principal", default=""
+)
+
+
+def current_principal() -> str:
+    return _PRINCIPAL.get()
 
 
 def parse_tokens(spec: str) -> dict[str, Grant]:
@@ -83,10 +107,10 @@ class AuthInterceptor(WrappingInterceptor):
             "UNAUTHENTICATED", "send a valid token as 'authorization: Bearer <token>'"
         )
 
-    def _authorize(self, method: str, request: Any, context: Any) -> None:
+    def _authorize(self, method: str, request: Any, context: Any) -> Grant:
         grant = self._grant(context)
         if grant.admin:
-            return
+            return grant
         name = method.rsplit("/", 1)[-1]
         if name in ADMIN_ONLY:
             raise PermissionDenied("ADMIN_ONLY", f"{name} needs an admin token")
@@ -99,6 +123,7 @@ class AuthInterceptor(WrappingInterceptor):
             raise PermissionDenied(
                 "AGENT_SCOPE", f"this token may not act for agent {outside[0]!r}"
             )
+        return grant
 
     def wrap_unary(
         self, method: str, behavior: Callable[[Any, Any], Awaitable[Any]]
@@ -107,8 +132,11 @@ class AuthInterceptor(WrappingInterceptor):
             return behavior
 
         async def checked(request: Any, context: Any) -> Any:
-            self._authorize(method, request, context)
-            return await behavior(request, context)
+            principal = _PRINCIPAL.set(self._authorize(method, request, context).principal)
+            try:
+                return await behavior(request, context)
+            finally:
+                _PRINCIPAL.reset(principal)
 
         return checked
 

@@ -193,6 +193,15 @@ def main(log_level: str, log_format: str) -> None:
     show_default=True,
 )
 @click.option(
+    "--request-id-window",
+    default=86400.0,
+    type=click.FloatRange(min=0, min_open=True),
+    envvar="SWITCHBOARD_REQUEST_ID_WINDOW_S",
+    show_default=True,
+    help="Seconds a call's request id and answer are kept, so that a retry with the "
+    "same id is answered without running again (both services).",
+)
+@click.option(
     "--max-concurrent-rpcs",
     default=None,
     type=int,
@@ -262,6 +271,7 @@ def serve(
     lease_ttl: float,
     backoff: tuple[float, ...],
     max_content_bytes: int,
+    request_id_window: float,
     max_concurrent_rpcs: int | None,
     drain_grace: float,
     metrics_listen: str,
@@ -314,7 +324,9 @@ def serve(
     try:
         if which in ("all", "session"):
             settings = database(session_database_url, "session.sqlite3")
-            limits = SessionLimits(snapshot_every=snapshot_every)
+            limits = SessionLimits(
+                snapshot_every=snapshot_every, request_id_window_s=request_id_window
+            )
             apps.append(
                 GrpcApp(SessionUnit(settings, limits, migrate=migrate), server(session_listen))
             )
@@ -328,6 +340,7 @@ def serve(
                 lease_ttl_s=lease_ttl,
                 backoff_s=backoff,
                 max_content_bytes=max_content_bytes,
+                request_id_window_s=request_id_window,
             )
             unit = DeliveryUnit(settings, ledger_limits, migrate=migrate)
             apps.append(GrpcApp(unit, server(delivery_listen)))

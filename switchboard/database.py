@@ -88,10 +88,12 @@ class Backend(Protocol):
         ...
 
 
-def bind_model(model: type[M], database: peewee.Database) -> type[M]:
-    """A subclass of `model` bound to `database`, so that several stores (two
-    servers in one test process, say) never share a global binding."""
-    meta = type("Meta", (), {"database": database, "table_name": model._meta.table_name})
+def bind_model(model: type[M], database: peewee.Database, table_name: str = "") -> type[M]:
+    """A subclass of `model` bound to `database` (and to `table_name`, when given),
+    so that several stores (two servers in one test process, say) never share a
+    global binding."""
+    name = table_name or model._meta.table_name
+    meta = type("Meta", (), {"database": database, "table_name": name})
     bound = type(model.__name__, (model,), {"Meta": meta, "__module__": model.__module__})
     return cast(type[M], bound)
 

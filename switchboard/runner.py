@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 from playhouse.pool import PooledDatabase
 
+from switchboard import idempotency
 from switchboard.database import Backend, DatabaseSettings
 from switchboard.deadlines import CALL_DEADLINE
 from switchboard.errors import ConnectionLost, DeadlineExceeded, DomainError, Unavailable
@@ -146,7 +147,7 @@ class TransactionRunner:
     def submit_write(self, op: Callable[[float], T]) -> Future[T]:
         """Queue `op(now)` to run inside a write transaction; the future resolves after commit."""
         future: Future[T] = Future()
-        self._enqueue(_WriteOp(op, future))
+        self._enqueue(_WriteOp(idempotency.guard_pending(op), future))
         return future
 
     def submit_read(self, op: Callable[[], T]) -> Future[T]:
@@ -155,7 +156,7 @@ class TransactionRunner:
     async def write(self, op: Callable[[float], T]) -> T:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._enqueue(_WriteOp(op, future, loop))
+        self._enqueue(_WriteOp(idempotency.guard_pending(op), future, loop))
         return await future
 
     async def read(self, op: Callable[[], T]) -> T:

@@ -18,27 +18,22 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from switchboard_client import SERVICE_CONFIG, DeliveryClient, SwitchboardError
+from switchboard_client.delivery import REQUEST_ID_METHODS
 
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from tests.harness import InProcessDelivery
 
 SESSION = "agent:main:slack:channel:C1"
 
-IDEMPOTENT = {
-    "Heartbeat",
-    "DeregisterInstance",
-    "GetInstance",
-    "RecordObligation",
-    "MarkAttempting",
-    "MarkDelivered",
-    "MarkFailed",
-    "GetObligation",
-    "ListObligations",
-    "GetLedgerStats",
-    "AbandonObligation",
-    "PruneObligations",
+READS = {"GetInstance", "GetObligation", "ListObligations", "GetLedgerStats"}
+#: Every write carries a request id, so a retry is answered, not run again.
+WRITES = {
+    method.name
+    for method in pb.DESCRIPTOR.services_by_name["DeliveryService"].methods
+    if "request_id" in method.input_type.fields_by_name
 }
-NOT_IDEMPOTENT = {"RegisterInstance", "ClaimRecoverable", "RetryObligation"}
+IDEMPOTENT = READS | WRITES
+NOT_IDEMPOTENT: set[str] = set()
 
 
 def register(client: DeliveryClient, platforms: tuple[str, ...] = ("slack",)) -> str:
@@ -426,6 +421,8 @@ def test_service_config_retries_exactly_the_idempotent_methods() -> None:
     service = pb.DESCRIPTOR.services_by_name["DeliveryService"]
     methods = {method.name for method in service.methods}
     assert methods == IDEMPOTENT | NOT_IDEMPOTENT, "every method is classified"
+    assert set(REQUEST_ID_METHODS) == WRITES, "the client sets ids for exactly the writes"
+    assert len(WRITES) == 11
 
     config = json.loads(json.dumps(SERVICE_CONFIG))
     assert config == SERVICE_CONFIG, "the config is plain JSON"

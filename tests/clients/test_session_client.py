@@ -22,6 +22,7 @@ from switchboard_client import (
     SessionClient,
     SwitchboardError,
 )
+from switchboard_client.session import REQUEST_ID_METHODS
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import InProcessSession
@@ -30,7 +31,7 @@ AGENT = "main"
 USER, ASSISTANT = pb.ROLE_USER, pb.ROLE_ASSISTANT
 ALLOW, DENY = pb.PERMISSION_EFFECT_ALLOW, pb.PERMISSION_EFFECT_DENY
 
-RETRIED = {
+READS = {
     "GetAgent",
     "ListAgents",
     "GetSession",
@@ -38,32 +39,15 @@ RETRIED = {
     "GetHistory",
     "GetSessionState",
     "ListCheckpoints",
-    "UpdateAgent",
-    "DeleteAgent",
-    "PutMemory",
-    "DeleteMemory",
-    "EndSession",
-    "SnapshotSession",
-    "MarkResumable",
-    "SuspendSession",
 }
-NOT_RETRIED = {
-    "CreateAgent",
-    "ResolveSession",
-    "SpawnSession",
-    "ResetSession",
-    "AppendEvents",
-    "PostToInbox",
-    "CreateCheckpoint",
-    "Rewind",
-    "Checkout",
-    "TruncateLog",
-    "ForkSession",
-    "Delegate",
-    "SendToPeer",
-    "CheckPermission",
-    "ListResumable",
+#: Every write carries a request id, so a retry is answered, not run again.
+WRITES = {
+    method.name
+    for method in pb.DESCRIPTOR.services_by_name["SessionService"].methods
+    if "request_id" in method.input_type.fields_by_name
 }
+RETRIED = READS | WRITES
+NOT_RETRIED: set[str] = set()
 STREAMING = {"WatchEvents"}
 
 
@@ -506,6 +490,8 @@ def test_service_config_retries_exactly_the_idempotent_methods() -> None:
     service = pb.DESCRIPTOR.services_by_name["SessionService"]
     methods = {method.name for method in service.methods}
     assert methods == RETRIED | NOT_RETRIED | STREAMING, "every method is classified"
+    assert set(REQUEST_ID_METHODS) == WRITES, "the client sets ids for exactly the writes"
+    assert len(WRITES) == 23
     streaming = {m.name for m in service.methods if m.server_streaming or m.client_streaming}
     assert streaming == STREAMING
 

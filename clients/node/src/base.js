@@ -1,5 +1,19 @@
 // What SessionClient and DeliveryClient share: the channel, deadlines,
-// metadata, cancellation and error conversion.
+// metadata, cancellation, error conversion and safe retries of writes.
+//
+// Every RPC whose request has a `request_id` field (the calls that write) gets
+// a fresh UUID per logical call unless the caller set `requestId`, and keeps
+// it on every retry, so the server answers a retry of a committed call from its
+// record instead of writing twice (AIP-155). Two layers retry them:
+// - the channel's service config retries UNAVAILABLE (e.g. the connection
+//   dropped before the answer came) by resending the same serialized request,
+//   inside the call's deadline;
+// - `_unary` retries UNAVAILABLE and DEADLINE_EXCEEDED as new calls, each with a
+//   deadline of its own. The service config cannot do that: a call's deadline
+//   covers all its attempts (an answer that never comes uses all of it), and
+//   grpc-js has no per-attempt timeout.
+
+import { randomUUID } from 'node:crypto';
 
 import * as grpc from '@grpc/grpc-js';
 
@@ -9,13 +23,31 @@ import { loadDefinitions } from './protos.js';
 /** Unary calls fail with DEADLINE_EXCEEDED after this long unless told otherwise. */
 export const DEFAULT_DEADLINE_MS = 5000;
 
+/** Attempts of a call that writes, each with its own deadline. */
+export const DEFAULT_MUTATION_ATTEMPTS = 3;
+const MUTATION_BACKOFF_MS = 100;
+/** Outcomes after which a write may or may not have run: retried with the same id. */
+const RETRIED_WITH_REQUEST_ID = new Set(['UNAVAILABLE', 'DEADLINE_EXCEEDED']);
+
+/** The channel's transparent retry of UNAVAILABLE (the same bytes, so the same id). */
+export const RETRY_POLICY = Object.freeze({
+  maxAttempts: 4,
+  initialBackoff: '0.1s',
+  maxBackoff: '2s',
+  backoffMultiplier: 2,
+  retryableStatusCodes: ['UNAVAILABLE'],
+});
+
 /**
  * @typedef {object} ClientOptions
  * @property {grpc.ChannelCredentials} [credentials] Default: insecure (plaintext).
  * @property {number} [deadlineMs] Default per-call deadline of unary calls in ms (5000).
  * @property {string} [protoDir] Folder holding the Switchboard protos (default: the
  *   repository's protos/, or SWITCHBOARD_PROTO_DIR).
- * @property {grpc.ChannelOptions} [channelOptions] Passed to grpc-js.
+ * @property {grpc.ChannelOptions} [channelOptions] Passed to grpc-js (a
+ *   `grpc.service_config` given here replaces the client's own).
+ * @property {number} [mutationAttempts] Attempts of a call that writes (3; 1 turns
+ *   the retry loop off).
  */
 
 /**
@@ -25,6 +57,8 @@ export const DEFAULT_DEADLINE_MS = 5000;
  * @property {Date | number} [deadline] An absolute deadline (wins over timeoutMs).
  * @property {Record<string, string | string[]>} [metadata] Request headers.
  * @property {AbortSignal} [signal] Cancels the call when aborted (CANCELLED).
+ * @property {number} [attempts] For a call that writes: its attempts (default the
+ *   client's mutationAttempts). An absolute `deadline` bounds all of them.
  */
 
 /**
@@ -48,16 +82,35 @@ export class BaseClient {
     let constructor = /** @type {any} */ (definitions.grpcObject);
     for (const part of serviceName.split('.')) constructor = constructor?.[part];
     if (typeof constructor !== 'function') throw new Error(`${serviceName} is not in the loaded protos`);
-    /** @type {grpc.Client & Record<string, Function>} */
-    this.stub = new constructor(
-      address,
-      options.credentials ?? grpc.credentials.createInsecure(),
-      options.channelOptions ?? {},
-    );
     /** The service's fully qualified name. */
     this.serviceName = serviceName;
+    /** RPC names whose requests carry a request id: the calls that write. */
+    this.requestIdMethods = new Set(
+      Object.entries(/** @type {Record<string, any>} */ (this.packageDefinition[serviceName]))
+        // proto-loader names fields as the client sees them (camelCase).
+        .filter(([, rpc]) => rpc.requestType.type.field.some((/** @type {any} */ f) => f.name === 'requestId'))
+        .map(([name]) => name),
+    );
+    /** @type {grpc.Client & Record<string, Function>} */
+    this.stub = new constructor(address, options.credentials ?? grpc.credentials.createInsecure(), {
+      'grpc.enable_retries': 1,
+      'grpc.service_config': JSON.stringify(this.serviceConfig()),
+      ...(options.channelOptions ?? {}),
+    });
     /** The default deadline of unary calls, in ms. */
     this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
+    /** Attempts of a call that writes. */
+    this.mutationAttempts = Math.max(1, options.mutationAttempts ?? DEFAULT_MUTATION_ATTEMPTS);
+  }
+
+  /**
+   * The gRPC service config of the channel: UNAVAILABLE is retried for the calls
+   * that carry a request id (reads are retried by the caller, as before).
+   * @returns {object}
+   */
+  serviceConfig() {
+    const names = [...this.requestIdMethods].map((method) => ({ service: this.serviceName, method }));
+    return { methodConfig: names.length ? [{ name: names, retryPolicy: RETRY_POLICY }] : [] };
   }
 
   /**
@@ -105,13 +158,40 @@ export class BaseClient {
   }
 
   /**
-   * Makes a unary call.
+   * Makes a unary call; a call that writes gets a request id and is retried with it.
    * @param {string} method The RPC name as in the proto, e.g. "CreateAgent".
-   * @param {object} [request]
+   * @param {Record<string, any>} [request]
    * @param {CallOptions} [options]
    * @returns {Promise<any>}
    */
-  _unary(method, request = {}, options = {}) {
+  async _unary(method, request = {}, options = {}) {
+    if (!this.requestIdMethods.has(method)) return this._attempt(method, request, options);
+    const withId = { ...request, requestId: request.requestId || randomUUID() };
+    const attempts = Math.max(1, options.attempts ?? this.mutationAttempts);
+    let pause = MUTATION_BACKOFF_MS;
+    for (let attempt = 1; ; attempt += 1) {
+      try {
+        return await this._attempt(method, withId, options);
+      } catch (error) {
+        const code = /** @type {{ code?: string }} */ (error).code ?? '';
+        const late = options.deadline !== undefined && Date.now() >= new Date(options.deadline).getTime();
+        if (attempt >= attempts || late || options.signal?.aborted || !RETRIED_WITH_REQUEST_ID.has(code)) {
+          throw error;
+        }
+      }
+      await new Promise((resolve) => setTimeout(resolve, pause * (0.5 + Math.random() / 2)));
+      pause *= 2;
+    }
+  }
+
+  /**
+   * One attempt of a unary call, with its own deadline.
+   * @param {string} method
+   * @param {object} request
+   * @param {CallOptions} options
+   * @returns {Promise<any>}
+   */
+  _attempt(method, request, options) {
     const { metadata, callOptions } = this._prepare(options, true);
     return new Promise((resolve, reject) => {
       const signal = options.signal;

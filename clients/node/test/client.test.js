@@ -1,6 +1,7 @@
 // End-to-end: the Node clients against the real services (spawned here).
 
 import assert from 'node:assert/strict';
+import { randomUUID } from 'node:crypto';
 import { after, before, describe, test } from 'node:test';
 
 import {
@@ -219,6 +220,98 @@ describe('deadlines', () => {
       assert.ok(Date.now() - started < 3000);
     } finally {
       client.close();
+    }
+  });
+});
+
+/**
+ * A TCP proxy on 127.0.0.1 that, once armed, drops the connection at the first
+ * server chunk after the client sent more: the request reached the server, its
+ * answer is lost.
+ * @param {string} target host:port
+ */
+async function losingProxy(target) {
+  const net = await import('node:net');
+  const [host, port] = [target.slice(0, target.lastIndexOf(':')), Number(target.slice(target.lastIndexOf(':') + 1))];
+  const state = { armed: false, dropped: 0 };
+  const server = net.createServer((client) => {
+    const upstream = net.connect(port, host);
+    let sentSinceArmed = false;
+    client.on('data', (chunk) => {
+      if (state.armed) sentSinceArmed = true;
+      upstream.write(chunk);
+    });
+    upstream.on('data', (chunk) => {
+      if (state.armed && sentSinceArmed) {
+        state.armed = false;
+        state.dropped += 1;
+        client.resetAndDestroy();
+        upstream.destroy();
+        return;
+      }
+      client.write(chunk);
+    });
+    const end = () => {
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on('error', end);
+    upstream.on('error', end);
+    client.on('close', end);
+    upstream.on('close', end);
+  });
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(undefined)));
+  const address = /** @type {import('node:net').AddressInfo} */ (server.address());
+  return { address: `127.0.0.1:${address.port}`, state, close: () => server.close() };
+}
+
+describe('request ids', () => {
+  test('every write, and only the writes, carries one', () => {
+    assert.equal(sessions.requestIdMethods.size, 23);
+    assert.equal(delivery.requestIdMethods.size, 11);
+    for (const read of ['GetAgent', 'GetHistory', 'WatchEvents']) assert.ok(!sessions.requestIdMethods.has(read));
+    for (const write of ['AppendEvents', 'PostToInbox', 'Delegate', 'SendToPeer', 'ListResumable']) {
+      assert.ok(sessions.requestIdMethods.has(write), write);
+    }
+    const config = /** @type {any} */ (delivery.serviceConfig());
+    assert.deepEqual(config.methodConfig[0].retryPolicy.retryableStatusCodes, ['UNAVAILABLE']);
+    assert.equal(config.methodConfig[0].name.length, 11);
+  });
+
+  test('the same id answers with the first answer; the same id for another request is refused', async () => {
+    const { instance } = await delivery.registerInstance({ gatewayName: 'node-ids', platforms: ['slack'] });
+    const requestId = randomUUID();
+    const request = { instanceId: instance.instanceId, sessionKey: 'ids', content: `r-${requestId}`, platform: 'slack', chatId: 'C1', requestId };
+    const first = await delivery.recordObligation(request);
+    const again = await delivery.recordObligation(request);
+    assert.equal(first.created, true);
+    assert.deepEqual(again, first);
+    const error = await refusal(delivery.recordObligation({ ...request, content: 'another reply' }));
+    assert.equal(error.code, 'INVALID_ARGUMENT');
+    assert.equal(error.reason, 'REQUEST_ID_REUSED');
+    assert.deepEqual(error.fieldViolations, ['request_id']);
+  });
+
+  test('a lost answer is retried with the same id: written once, first answer kept', async () => {
+    const proxy = await losingProxy(/** @type {any} */ (services).deliveryAddress);
+    const client = new DeliveryClient(proxy.address);
+    try {
+      const { instance } = await client.registerInstance({ gatewayName: 'node-lost', platforms: ['slack'] });
+      for (let i = 0; i < 10; i += 1) {
+        const content = `lost-${i}-${randomUUID()}`;
+        proxy.state.armed = true;
+        const recorded = await client.recordObligation({
+          instanceId: instance.instanceId, sessionKey: 'lost', content, platform: 'slack', chatId: 'C1',
+        });
+        assert.equal(recorded.created, true, 'the retry is answered with the first answer');
+        assert.equal(recorded.obligation.content, content);
+      }
+      assert.equal(proxy.state.dropped, 10);
+      const { obligations } = await delivery.listObligations({ sessionKey: 'lost', pageSize: 100 });
+      assert.equal(obligations.length, 10, 'each reply recorded once');
+    } finally {
+      client.close();
+      proxy.close();
     }
   });
 });

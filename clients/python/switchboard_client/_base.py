@@ -3,12 +3,30 @@
 A client built on `BaseClient` owns a channel configured with its service's
 gRPC service config (unless the caller brings one), gives every unary call a
 deadline, and turns every `grpc.RpcError` into a `SwitchboardError`.
+
+Calls that write carry a request id (AIP-155): one fresh UUID per logical call
+(or the caller's), kept across every retry of it, so the server answers a
+retry of a committed call from its record instead of writing again. Two layers
+retry them, because neither alone covers a lost answer:
+
+- the service config's retry policy resends the same serialized request (the
+  same id) on UNAVAILABLE, e.g. a connection dropped before the answer came, at
+  once and inside the call's deadline;
+- `BaseClient._call` retries DEADLINE_EXCEEDED and UNAVAILABLE as new calls,
+  each attempt with its own deadline (`timeout_s`). gRPC's policy cannot do
+  that: the call's deadline covers all its attempts, so an answer that never
+  comes (a black-holed connection, a stalled server) uses the whole deadline and
+  DEADLINE_EXCEEDED is final; a per-attempt timeout is not available in every
+  client (grpc-js has none).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import random
+import time
+import uuid
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
@@ -16,7 +34,7 @@ from typing import Any, Protocol, Self, TypeVar
 import grpc
 from google.protobuf import duration_pb2
 
-from switchboard_client.errors import from_rpc_error
+from switchboard_client.errors import SwitchboardError, from_rpc_error
 
 #: Ceiling for any call on a channel built from a service config; the per-call deadline
 #: (`timeout_s`) is normally shorter and wins. A larger `timeout_s` is capped here.
@@ -31,6 +49,15 @@ RETRY_POLICY: dict[str, Any] = {
     "backoffMultiplier": 2,
     "retryableStatusCodes": ["UNAVAILABLE"],
 }
+
+#: Attempts of a call that writes (each with its own deadline), and the pause
+#: before the second one (doubling, with jitter).
+MUTATION_ATTEMPTS = 3
+MUTATION_BACKOFF_S = 0.1
+#: What a retry with the same request id may follow: the call may have run or not.
+_RETRIED_WITH_REQUEST_ID = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+)
 
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
@@ -55,9 +82,10 @@ def service_config(
     """A gRPC service config for `service` (plain JSON data).
 
     Every method gets `MAX_CALL_TIMEOUT` (the nameless entry covers methods added
-    later, which stay unretried until reviewed); the `retryable` methods also get
-    `RETRY_POLICY`. `unbounded` methods (long-lived streams) get an entry of their
-    own without a timeout or a retry: gRPC takes the most specific entry whole.
+    later, which stay unretried until reviewed); the `retryable` methods (reads,
+    and writes that carry a request id) also get `RETRY_POLICY`. `unbounded`
+    methods (long-lived streams) get an entry of their own without a timeout or a
+    retry: gRPC takes the most specific entry whole.
     """
     entries: list[dict[str, Any]] = [
         {"name": [{"service": service}], "timeout": MAX_CALL_TIMEOUT},
@@ -71,6 +99,11 @@ def service_config(
     if streams:
         entries.append({"name": streams})
     return {"methodConfig": entries}
+
+
+def _takes_request_id(request: Any) -> bool:
+    descriptor = getattr(request, "DESCRIPTOR", None)
+    return descriptor is not None and "request_id" in descriptor.fields_by_name
 
 
 def duration(seconds: float) -> duration_pb2.Duration:
@@ -93,13 +126,16 @@ class BaseClient:
         timeout_s: float,
         channel: grpc.Channel | None,
         token: str | None = None,
+        mutation_attempts: int = MUTATION_ATTEMPTS,
     ) -> None:
         """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors).
 
         A channel passed in stays the caller's: `close()` leaves it open, and
-        `config` is not applied to it.
+        `config` is not applied to it. `mutation_attempts` bounds the attempts of
+        a call that writes (1: no retry loop).
         """
         self.timeout_s = timeout_s
+        self.mutation_attempts = max(1, mutation_attempts)
         # A bearer token travels as call metadata, so it works on plaintext
         # channels too (call credentials would demand TLS).
         self._metadata: tuple[tuple[str, str], ...] = (
@@ -139,14 +175,39 @@ class BaseClient:
         method: grpc.UnaryUnaryMultiCallable[_Request, _Response],
         request: _Request,
         timeout_s: float | None = None,
+        *,
+        request_id: str = "",
+        attempts: int | None = None,
     ) -> _Response:
-        """Every call gets a deadline: a hung server must never hang a gateway."""
+        """Every call gets a deadline: a hung server must never hang a gateway.
+
+        A request with a `request_id` field (a call that writes) gets `request_id`,
+        or a fresh UUID, and is retried with it on UNAVAILABLE and DEADLINE_EXCEEDED,
+        a new deadline per attempt.
+        """
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        if not _takes_request_id(request):
+            return self._attempt(method, request, timeout)
+        request.request_id = request_id or str(uuid.uuid4())  # type: ignore[attr-defined]
+        pause, last = MUTATION_BACKOFF_S, attempts or self.mutation_attempts
+        for attempt in range(1, last + 1):
+            try:
+                return self._attempt(method, request, timeout)
+            except SwitchboardError as error:
+                if attempt == last or error.code not in _RETRIED_WITH_REQUEST_ID:
+                    raise
+            time.sleep(pause * random.uniform(0.5, 1.0))
+            pause *= 2
+        raise AssertionError("unreachable")
+
+    def _attempt(
+        self,
+        method: grpc.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        timeout: float,
+    ) -> _Response:
         try:
-            return method(
-                request,
-                timeout=self.timeout_s if timeout_s is None else timeout_s,
-                metadata=self._metadata,
-            )
+            return method(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from error
 

@@ -20,7 +20,7 @@ import grpc
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from switchboard_client._base import MAX_CALL_TIMEOUT as MAX_CALL_TIMEOUT
-from switchboard_client._base import BaseClient, service_config
+from switchboard_client._base import MUTATION_ATTEMPTS, BaseClient, service_config
 from switchboard_client._base import duration as _duration
 from switchboard_client.errors import SwitchboardError
 
@@ -28,29 +28,35 @@ log = logging.getLogger("switchboard_client")
 
 SERVICE_NAME = "switchboard.delivery.v1.DeliveryService"
 
-#: Methods safe to send twice: the server applies them at most once (ids are content
-#: hashes, marks are fenced and idempotent for the holder, reads change nothing).
-RETRYABLE_METHODS: tuple[str, ...] = (
+#: Reads: safe to send twice.
+READ_METHODS: tuple[str, ...] = (
+    "GetInstance",
+    "GetObligation",
+    "ListObligations",
+    "GetLedgerStats",
+)
+#: Writes: each carries a request id (one per logical call, the same on every
+#: retry), so the server answers a retry of a committed call without running it
+#: again. `BaseClient._call` sets the id and retries them with a fresh deadline.
+REQUEST_ID_METHODS: tuple[str, ...] = (
+    "RegisterInstance",
     "Heartbeat",
     "DeregisterInstance",
-    "GetInstance",
     "RecordObligation",
     "MarkAttempting",
     "MarkDelivered",
     "MarkFailed",
-    "GetObligation",
-    "ListObligations",
-    "GetLedgerStats",
+    "ClaimRecoverable",
+    "RetryObligation",
     "AbandonObligation",
     "PruneObligations",
 )
-# Never retried: RegisterInstance (a retry registers a second instance),
-# ClaimRecoverable (a retry claims more rows and bumps attempts) and
-# RetryObligation (a retry resets a row a concurrent claim may already hold).
+#: Retried on UNAVAILABLE by the channel: every method of the service.
+RETRYABLE_METHODS: tuple[str, ...] = READ_METHODS + REQUEST_ID_METHODS
 
 #: gRPC service config: a timeout for every method of the service (the nameless
 #: entry covers methods added later, which stay unretried until reviewed) and a
-#: retry on UNAVAILABLE for the idempotent methods only.
+#: retry on UNAVAILABLE for the reads and the writes that carry a request id.
 SERVICE_CONFIG: dict[str, Any] = service_config(SERVICE_NAME, RETRYABLE_METHODS)
 
 
@@ -69,6 +75,7 @@ class DeliveryClient(BaseClient):
         best_effort_timeout_s: float = 2.0,
         channel: grpc.Channel | None = None,
         token: str | None = None,
+        mutation_attempts: int = MUTATION_ATTEMPTS,
     ) -> None:
         """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors),
         `token` for a server with authentication on.
@@ -76,7 +83,12 @@ class DeliveryClient(BaseClient):
         A channel passed in stays the caller's: `close()` leaves it open.
         """
         super().__init__(
-            target, config=SERVICE_CONFIG, timeout_s=timeout_s, channel=channel, token=token
+            target,
+            config=SERVICE_CONFIG,
+            timeout_s=timeout_s,
+            channel=channel,
+            token=token,
+            mutation_attempts=mutation_attempts,
         )
         self.best_effort_timeout_s = best_effort_timeout_s
         self._stub = pb_grpc.DeliveryServiceStub(self._channel)
@@ -91,6 +103,7 @@ class DeliveryClient(BaseClient):
         host: str | None = None,
         pid: int | None = None,
         lease_ttl_s: float | None = None,
+        request_id: str = "",
     ) -> pb.Instance:
         """Registers this process start; call once per process, never on a retry loop.
 
@@ -106,17 +119,19 @@ class DeliveryClient(BaseClient):
         )
         if lease_ttl_s is not None:
             request.lease_ttl.CopyFrom(_duration(lease_ttl_s))
-        return self._call(self._stub.RegisterInstance, request).instance
+        return self._call(self._stub.RegisterInstance, request, request_id=request_id).instance
 
-    def heartbeat(self, instance_id: str, platforms: Sequence[str]) -> pb.Instance:
+    def heartbeat(
+        self, instance_id: str, platforms: Sequence[str], *, request_id: str = ""
+    ) -> pb.Instance:
         """Extends the lease; `platforms` replaces the connected set (it gates claims)."""
         request = pb.HeartbeatRequest(instance_id=instance_id, platforms=platforms)
-        return self._call(self._stub.Heartbeat, request).instance
+        return self._call(self._stub.Heartbeat, request, request_id=request_id).instance
 
-    def deregister(self, instance_id: str) -> pb.Instance:
+    def deregister(self, instance_id: str, *, request_id: str = "") -> pb.Instance:
         """Graceful stop: this instance's unfinished rows become claimable at once."""
         request = pb.DeregisterInstanceRequest(instance_id=instance_id)
-        return self._call(self._stub.DeregisterInstance, request).instance
+        return self._call(self._stub.DeregisterInstance, request, request_id=request_id).instance
 
     def instance(self, instance_id: str) -> pb.Instance:
         """Reads an instance; `live` is judged on the server's database clock now.
@@ -141,13 +156,17 @@ class DeliveryClient(BaseClient):
         metadata: Mapping[str, str] | None = None,
         begin_attempt: bool = False,
         timeout_s: float | None = None,
+        request_id: str = "",
+        attempts: int | None = None,
     ) -> pb.RecordObligationResponse:
         """Records a reply as owed before sending it; recording it again is harmless.
 
         `begin_attempt` records it straight into ATTEMPTING (saves MarkAttempting).
         Decide what to do from the returned row (state, owner_instance_id), not from
-        `created`: a retried call whose first attempt did store the row reports
-        created=False while this instance still holds it.
+        `created`: this call's own retries (one request id) report the first answer,
+        but a new call recording the same reply reports created=False while this
+        instance may still hold it. `attempts` bounds this call's attempts (default:
+        the client's `mutation_attempts`).
         """
         request = pb.RecordObligationRequest(
             instance_id=instance_id,
@@ -160,7 +179,13 @@ class DeliveryClient(BaseClient):
             metadata=metadata or {},
             begin_attempt=begin_attempt,
         )
-        return self._call(self._stub.RecordObligation, request, timeout_s)
+        return self._call(
+            self._stub.RecordObligation,
+            request,
+            timeout_s,
+            request_id=request_id,
+            attempts=attempts,
+        )
 
     def record_best_effort(
         self,
@@ -184,6 +209,7 @@ class DeliveryClient(BaseClient):
                 content=content,
                 platform=platform,
                 timeout_s=self.best_effort_timeout_s,
+                attempts=1,  # the send must not wait for retries (the channel's are quick)
                 **fields,
             )
         except Exception as exc:
@@ -197,15 +223,22 @@ class DeliveryClient(BaseClient):
             )
             return None
 
-    def mark_attempting(self, instance_id: str, obligation: pb.Obligation) -> pb.Obligation:
+    def mark_attempting(
+        self, instance_id: str, obligation: pb.Obligation, *, request_id: str = ""
+    ) -> pb.Obligation:
         """Just before the platform send: from now on a crash means "maybe sent"."""
         request = pb.MarkAttemptingRequest(
             obligation_id=obligation.id, instance_id=instance_id, fence=obligation.fence
         )
-        return self._call(self._stub.MarkAttempting, request).obligation
+        return self._call(self._stub.MarkAttempting, request, request_id=request_id).obligation
 
     def mark_delivered(
-        self, instance_id: str, obligation: pb.Obligation, platform_message_id: str = ""
+        self,
+        instance_id: str,
+        obligation: pb.Obligation,
+        platform_message_id: str = "",
+        *,
+        request_id: str = "",
     ) -> pb.Obligation:
         """The platform accepted the message; the row is done."""
         request = pb.MarkDeliveredRequest(
@@ -214,7 +247,7 @@ class DeliveryClient(BaseClient):
             fence=obligation.fence,
             platform_message_id=platform_message_id,
         )
-        return self._call(self._stub.MarkDelivered, request).obligation
+        return self._call(self._stub.MarkDelivered, request, request_id=request_id).obligation
 
     def mark_failed(
         self,
@@ -224,6 +257,7 @@ class DeliveryClient(BaseClient):
         *,
         retryable: bool,
         retry_after_s: float | None = None,
+        request_id: str = "",
     ) -> pb.Obligation:
         """The send failed: retryable rows come back via claims, others are abandoned.
 
@@ -239,7 +273,7 @@ class DeliveryClient(BaseClient):
         )
         if retry_after_s is not None:
             request.retry_after.CopyFrom(_duration(retry_after_s))
-        return self._call(self._stub.MarkFailed, request).obligation
+        return self._call(self._stub.MarkFailed, request, request_id=request_id).obligation
 
     def claim_recoverable(
         self,
@@ -247,6 +281,7 @@ class DeliveryClient(BaseClient):
         *,
         deliverable_platforms: Sequence[str] | None = None,
         limit: int = 0,
+        request_id: str = "",
     ) -> pb.ClaimRecoverableResponse:
         """Takes over owed rows of dead instances (and due retries) for redelivery.
 
@@ -259,7 +294,7 @@ class DeliveryClient(BaseClient):
             # SetInParent: an empty set must still be sent as a present (empty) message.
             request.deliverable_platforms.SetInParent()
             request.deliverable_platforms.platforms.extend(deliverable_platforms)
-        return self._call(self._stub.ClaimRecoverable, request)
+        return self._call(self._stub.ClaimRecoverable, request, request_id=request_id)
 
     # -- operators ------------------------------------------------------------------------
 
@@ -292,21 +327,23 @@ class DeliveryClient(BaseClient):
         for page in self._pages(self._stub.ListObligations, request):
             yield from page.obligations
 
-    def retry(self, obligation_id: str) -> pb.Obligation:
+    def retry(self, obligation_id: str, *, request_id: str = "") -> pb.Obligation:
         """Operator action: makes a FAILED or ABANDONED row due now, attempts reset."""
         request = pb.RetryObligationRequest(obligation_id=obligation_id)
-        return self._call(self._stub.RetryObligation, request).obligation
+        return self._call(self._stub.RetryObligation, request, request_id=request_id).obligation
 
-    def abandon(self, obligation_id: str, reason: str = "") -> pb.Obligation:
+    def abandon(
+        self, obligation_id: str, reason: str = "", *, request_id: str = ""
+    ) -> pb.Obligation:
         """Operator action: gives up on a row that is still owed."""
         request = pb.AbandonObligationRequest(obligation_id=obligation_id, reason=reason)
-        return self._call(self._stub.AbandonObligation, request).obligation
+        return self._call(self._stub.AbandonObligation, request, request_id=request_id).obligation
 
     def stats(self) -> pb.GetLedgerStatsResponse:
         """Ledger health: counts per state, oldest pending age, rows in doubt, gated rows."""
         return self._call(self._stub.GetLedgerStats, pb.GetLedgerStatsRequest())
 
-    def prune(self, older_than_s: float | None = None) -> int:
+    def prune(self, older_than_s: float | None = None, *, request_id: str = "") -> int:
         """Deletes terminal rows older than `older_than_s` (None or 0: server retention).
 
         Returns how many rows were deleted.
@@ -314,7 +351,7 @@ class DeliveryClient(BaseClient):
         request = pb.PruneObligationsRequest()
         if older_than_s is not None:
             request.older_than.CopyFrom(_duration(older_than_s))
-        return self._call(self._stub.PruneObligations, request).pruned_count
+        return self._call(self._stub.PruneObligations, request, request_id=request_id).pruned_count
 
 
 __all__ = ["RETRYABLE_METHODS", "SERVICE_CONFIG", "DeliveryClient", "SwitchboardError"]

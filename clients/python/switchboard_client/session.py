@@ -18,15 +18,13 @@ from google.protobuf import field_mask_pb2
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
-from switchboard_client._base import BaseClient, service_config
+from switchboard_client._base import MUTATION_ATTEMPTS, BaseClient, service_config
 from switchboard_client.errors import SwitchboardError, from_rpc_error
 
 SERVICE_NAME = "switchboard.session.v1.SessionService"
 
-#: Methods safe to send twice: reads, and writes that set a value (a second attempt
-#: after a committed first one leaves the same state behind).
-RETRYABLE_METHODS: tuple[str, ...] = (
-    # reads
+#: Reads: safe to send twice.
+READ_METHODS: tuple[str, ...] = (
     "GetAgent",
     "ListAgents",
     "GetSession",
@@ -34,30 +32,46 @@ RETRYABLE_METHODS: tuple[str, ...] = (
     "GetHistory",
     "GetSessionState",
     "ListCheckpoints",
-    # idempotent writes
+)
+#: Writes: each carries a request id (one per logical call, the same on every
+#: retry), so the server answers a retry of a committed call from its record
+#: (created=True stays True, an append is not made twice). `BaseClient._call`
+#: sets the id and retries them with a fresh deadline.
+REQUEST_ID_METHODS: tuple[str, ...] = (
+    "CreateAgent",
     "UpdateAgent",
     "DeleteAgent",
     "PutMemory",
     "DeleteMemory",
+    "ResolveSession",
+    "SpawnSession",
     "EndSession",
+    "ResetSession",
+    "AppendEvents",
+    "PostToInbox",
     "SnapshotSession",
+    "CreateCheckpoint",
+    "Rewind",
+    "Checkout",
+    "TruncateLog",
+    "ForkSession",
+    "Delegate",
+    "SendToPeer",
+    "CheckPermission",
     "MarkResumable",
     "SuspendSession",
+    "ListResumable",  # it resets the stale sessions it reports
 )
-# Never retried: CreateAgent, SpawnSession and CreateCheckpoint (a committed first
-# attempt makes the retry fail ALREADY_EXISTS); ResolveSession (the retry would report
-# created=False for the session the first attempt created); AppendEvents, PostToInbox,
-# ForkSession, Delegate and SendToPeer (a retry appends, posts or creates twice);
-# ResetSession (a retry resets the fresh session too); Rewind, Checkout and TruncateLog
-# (log surgery is done once, deliberately); CheckPermission (each call writes an audit
-# event); ListResumable (it resets stale sessions: a retry would not report them).
+#: Retried on UNAVAILABLE by the channel: the reads and the writes with request ids.
+RETRYABLE_METHODS: tuple[str, ...] = READ_METHODS + REQUEST_ID_METHODS
 
 #: Long-lived server streams: no timeout and no retry from the service config.
 STREAMING_METHODS: tuple[str, ...] = ("WatchEvents",)
 
 #: gRPC service config: a timeout for every unary method of the service (the nameless
 #: entry covers methods added later, which stay unretried until reviewed), a retry on
-#: UNAVAILABLE for the idempotent methods only, and no timeout for WatchEvents.
+#: UNAVAILABLE for the reads and the writes with request ids, and no timeout for
+#: WatchEvents.
 SERVICE_CONFIG: dict[str, Any] = service_config(
     SERVICE_NAME, RETRYABLE_METHODS, unbounded=STREAMING_METHODS
 )
@@ -124,6 +138,7 @@ class SessionClient(BaseClient):
         timeout_s: float = 5.0,
         channel: grpc.Channel | None = None,
         token: str | None = None,
+        mutation_attempts: int = MUTATION_ATTEMPTS,
     ) -> None:
         """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors),
         `token` for a server with authentication on.
@@ -131,17 +146,22 @@ class SessionClient(BaseClient):
         A channel passed in stays the caller's: `close()` leaves it open.
         """
         super().__init__(
-            target, config=SERVICE_CONFIG, timeout_s=timeout_s, channel=channel, token=token
+            target,
+            config=SERVICE_CONFIG,
+            timeout_s=timeout_s,
+            channel=channel,
+            token=token,
+            mutation_attempts=mutation_attempts,
         )
         self._stub = pb_grpc.SessionServiceStub(self._channel)
 
     # -- agents ---------------------------------------------------------------------------
 
-    def create_agent(self, name: str, **fields: Any) -> pb.Agent:
+    def create_agent(self, name: str, *, request_id: str = "", **fields: Any) -> pb.Agent:
         """Creates an agent; `fields` are other `Agent` fields (display_name, permissions,
         peers, settings, memory, parent, ...)."""
         request = pb.CreateAgentRequest(agent=pb.Agent(name=name, **fields))
-        return self._call(self._stub.CreateAgent, request).agent
+        return self._call(self._stub.CreateAgent, request, request_id=request_id).agent
 
     def get_agent(self, name: str) -> pb.Agent:
         """Reads an agent, memory included."""
@@ -155,27 +175,29 @@ class SessionClient(BaseClient):
         for page in self._pages(self._stub.ListAgents, request):
             yield from page.agents
 
-    def update_agent(self, agent: pb.Agent, paths: Sequence[str]) -> pb.Agent:
+    def update_agent(
+        self, agent: pb.Agent, paths: Sequence[str], *, request_id: str = ""
+    ) -> pb.Agent:
         """Changes the fields of `agent` named by `paths` (e.g. "display_name",
         "settings.routing"); `agent.name` selects the agent."""
         request = pb.UpdateAgentRequest(
             agent=agent, update_mask=field_mask_pb2.FieldMask(paths=paths)
         )
-        return self._call(self._stub.UpdateAgent, request).agent
+        return self._call(self._stub.UpdateAgent, request, request_id=request_id).agent
 
     def delete_agent(self, name: str) -> pb.Agent:
         """Archives an agent (kept in the log, no longer routable); repeating is harmless."""
         return self._call(self._stub.DeleteAgent, pb.DeleteAgentRequest(name=name)).agent
 
-    def put_memory(self, agent: str, key: str, value: str) -> pb.Agent:
+    def put_memory(self, agent: str, key: str, value: str, *, request_id: str = "") -> pb.Agent:
         """Sets one memory entry of an agent (shared by all its sessions)."""
         request = pb.PutMemoryRequest(agent=agent, key=key, value=value)
-        return self._call(self._stub.PutMemory, request).agent
+        return self._call(self._stub.PutMemory, request, request_id=request_id).agent
 
-    def delete_memory(self, agent: str, key: str) -> pb.Agent:
+    def delete_memory(self, agent: str, key: str, *, request_id: str = "") -> pb.Agent:
         """Removes one memory entry of an agent."""
         request = pb.DeleteMemoryRequest(agent=agent, key=key)
-        return self._call(self._stub.DeleteMemory, request).agent
+        return self._call(self._stub.DeleteMemory, request, request_id=request_id).agent
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -190,6 +212,7 @@ class SessionClient(BaseClient):
         thread_id: str = "",
         user_id: str = "",
         scope_id: str = "",
+        request_id: str = "",
     ) -> pb.ResolveSessionResponse:
         """The session a message from this source belongs to, created on first contact.
 
@@ -206,7 +229,7 @@ class SessionClient(BaseClient):
             scope_id=scope_id,
         )
         request = pb.ResolveSessionRequest(agent=agent, source=source)
-        return self._call(self._stub.ResolveSession, request)
+        return self._call(self._stub.ResolveSession, request, request_id=request_id)
 
     def join(self, agent: str, session_id: str) -> pb.Session:
         """An existing open session of the agent (NOT_FOUND otherwise); creates nothing."""
@@ -214,13 +237,18 @@ class SessionClient(BaseClient):
         return self._call(self._stub.ResolveSession, request).session
 
     def spawn(
-        self, agent: str, session_id: str = "", *, temp_state: Mapping[str, str] | None = None
+        self,
+        agent: str,
+        session_id: str = "",
+        *,
+        temp_state: Mapping[str, str] | None = None,
+        request_id: str = "",
     ) -> pb.Session:
         """Creates a session without a routing key; `session_id` "" generates one."""
         request = pb.SpawnSessionRequest(
             agent=agent, session_id=session_id, temp_state=temp_state or {}
         )
-        return self._call(self._stub.SpawnSession, request).session
+        return self._call(self._stub.SpawnSession, request, request_id=request_id).session
 
     def get_session(self, agent: str, session_id: str) -> pb.Session:
         """Reads a session's summary."""
@@ -242,18 +270,28 @@ class SessionClient(BaseClient):
         for page in self._pages(self._stub.ListSessions, request):
             yield from page.sessions
 
-    def end(self, agent: str, session_id: str, reason: str = "") -> pb.Session:
+    def end(
+        self, agent: str, session_id: str, reason: str = "", *, request_id: str = ""
+    ) -> pb.Session:
         """Ends a session; its routing key no longer resolves to it. Repeating is harmless."""
         request = pb.EndSessionRequest(agent=agent, session_id=session_id, reason=reason)
-        return self._call(self._stub.EndSession, request).session
+        return self._call(self._stub.EndSession, request, request_id=request_id).session
 
-    def reset(self, agent: str, session_id: str, reason: str = "") -> pb.ResetSessionResponse:
+    def reset(
+        self, agent: str, session_id: str, reason: str = "", *, request_id: str = ""
+    ) -> pb.ResetSessionResponse:
         """The explicit reset ("/new"): ends the session, its routing key gets a fresh one."""
         request = pb.ResetSessionRequest(agent=agent, session_id=session_id, reason=reason)
-        return self._call(self._stub.ResetSession, request)
+        return self._call(self._stub.ResetSession, request, request_id=request_id)
 
     def mark_resumable(
-        self, agent: str, session_id: str, pending: bool = True, *, holder: str = ""
+        self,
+        agent: str,
+        session_id: str,
+        pending: bool = True,
+        *,
+        holder: str = "",
+        request_id: str = "",
     ) -> pb.Session:
         """Marks the session's turn as interrupted (or clears the mark with False).
 
@@ -263,17 +301,19 @@ class SessionClient(BaseClient):
         request = pb.MarkResumableRequest(
             agent=agent, session_id=session_id, pending=pending, holder=holder
         )
-        return self._call(self._stub.MarkResumable, request).session
+        return self._call(self._stub.MarkResumable, request, request_id=request_id).session
 
-    def suspend(self, agent: str, session_id: str, suspended: bool = True) -> pb.Session:
+    def suspend(
+        self, agent: str, session_id: str, suspended: bool = True, *, request_id: str = ""
+    ) -> pb.Session:
         """Suspends the session (never auto-resumed), or lifts the suspension with False."""
         request = pb.SuspendSessionRequest(agent=agent, session_id=session_id, suspended=suspended)
-        return self._call(self._stub.SuspendSession, request).session
+        return self._call(self._stub.SuspendSession, request, request_id=request_id).session
 
-    def list_resumable(self, agent: str) -> pb.ListResumableResponse:
+    def list_resumable(self, agent: str, *, request_id: str = "") -> pb.ListResumableResponse:
         """Interrupted sessions fresh enough to resume; stale ones are reset (`expired`)."""
         request = pb.ListResumableRequest(agent=agent)
-        return self._call(self._stub.ListResumable, request)
+        return self._call(self._stub.ListResumable, request, request_id=request_id)
 
     # -- the conversation -----------------------------------------------------------------
 
@@ -283,6 +323,7 @@ class SessionClient(BaseClient):
         session_id: str,
         *events: pb.SessionEventInput,
         expected_version: int | None = None,
+        request_id: str = "",
     ) -> pb.AppendEventsResponse:
         """Appends events atomically (all or none).
 
@@ -292,7 +333,7 @@ class SessionClient(BaseClient):
         request = pb.AppendEventsRequest(agent=agent, session_id=session_id, events=events)
         if expected_version is not None:
             request.expected_version = expected_version
-        return self._call(self._stub.AppendEvents, request)
+        return self._call(self._stub.AppendEvents, request, request_id=request_id)
 
     def append_message(
         self,
@@ -312,10 +353,12 @@ class SessionClient(BaseClient):
         )
         return self.append(agent, session_id, event, expected_version=expected_version)
 
-    def post_to_inbox(self, agent: str, session_id: str, message: pb.Message) -> pb.Event:
+    def post_to_inbox(
+        self, agent: str, session_id: str, message: pb.Message, *, request_id: str = ""
+    ) -> pb.Event:
         """Puts a message into the session's inbox; never conflicts with a running turn."""
         request = pb.PostToInboxRequest(agent=agent, session_id=session_id, message=message)
-        return self._call(self._stub.PostToInbox, request).event
+        return self._call(self._stub.PostToInbox, request, request_id=request_id).event
 
     def history(
         self,
@@ -344,10 +387,10 @@ class SessionClient(BaseClient):
         request = pb.GetSessionStateRequest(agent=agent, session_id=session_id)
         return self._call(self._stub.GetSessionState, request)
 
-    def snapshot(self, agent: str, session_id: str) -> int:
+    def snapshot(self, agent: str, session_id: str, *, request_id: str = "") -> int:
         """Writes snapshots of the session and its agent now; returns the sequence."""
         request = pb.SnapshotSessionRequest(agent=agent, session_id=session_id)
-        return self._call(self._stub.SnapshotSession, request).sequence
+        return self._call(self._stub.SnapshotSession, request, request_id=request_id).sequence
 
     def watch(
         self,
@@ -369,17 +412,17 @@ class SessionClient(BaseClient):
 
     # -- time travel ----------------------------------------------------------------------
 
-    def create_checkpoint(self, label: str) -> pb.Checkpoint:
+    def create_checkpoint(self, label: str, *, request_id: str = "") -> pb.Checkpoint:
         """Names the current head of the log (ALREADY_EXISTS for a taken label)."""
         request = pb.CreateCheckpointRequest(label=label)
-        return self._call(self._stub.CreateCheckpoint, request).checkpoint
+        return self._call(self._stub.CreateCheckpoint, request, request_id=request_id).checkpoint
 
     def list_checkpoints(self) -> list[pb.Checkpoint]:
         """All checkpoints, oldest first."""
         request = pb.ListCheckpointsRequest()
         return list(self._call(self._stub.ListCheckpoints, request).checkpoints)
 
-    def rewind(self, to: int | str) -> pb.Event:
+    def rewind(self, to: int | str, *, request_id: str = "") -> pb.Event:
         """Moves every agent and session back to a sequence (int) or checkpoint (label).
 
         Returns the rewind record; everything after the target is abandoned.
@@ -390,17 +433,17 @@ class SessionClient(BaseClient):
             request = pb.RewindRequest(checkpoint=to)
         else:
             request = pb.RewindRequest(sequence=to)
-        return self._call(self._stub.Rewind, request).record
+        return self._call(self._stub.Rewind, request, request_id=request_id).record
 
-    def checkout(self, sequence: int) -> pb.Event:
+    def checkout(self, sequence: int, *, request_id: str = "") -> pb.Event:
         """Like `rewind`, to any retained sequence, abandoned branches included."""
         request = pb.CheckoutRequest(sequence=sequence)
-        return self._call(self._stub.Checkout, request).record
+        return self._call(self._stub.Checkout, request, request_id=request_id).record
 
-    def truncate_log(self, below_sequence: int) -> pb.TruncateLogResponse:
+    def truncate_log(self, below_sequence: int, *, request_id: str = "") -> pb.TruncateLogResponse:
         """Deletes log events below a sequence that snapshots made unnecessary."""
         request = pb.TruncateLogRequest(below_sequence=below_sequence)
-        return self._call(self._stub.TruncateLog, request)
+        return self._call(self._stub.TruncateLog, request, request_id=request_id)
 
     # -- multi-agent ----------------------------------------------------------------------
 
@@ -411,6 +454,7 @@ class SessionClient(BaseClient):
         *,
         at_sequence: int = 0,
         narrowing: Sequence[pb.PermissionRule] = (),
+        request_id: str = "",
     ) -> pb.Session:
         """Branches a session (history and state at `at_sequence`, 0: now) under the same
         agent; `narrowing` rules restrict the fork further."""
@@ -420,17 +464,24 @@ class SessionClient(BaseClient):
             at_sequence=at_sequence,
             narrowing=pb.Narrowing(rules=narrowing),
         )
-        return self._call(self._stub.ForkSession, request).session
+        return self._call(self._stub.ForkSession, request, request_id=request_id).session
 
     def delegate(
-        self, agent: str, session_id: str, to_agent: str, task: pb.Message, *, context: str = ""
+        self,
+        agent: str,
+        session_id: str,
+        to_agent: str,
+        task: pb.Message,
+        *,
+        context: str = "",
+        request_id: str = "",
     ) -> pb.DelegateResponse:
         """Hands `task` to a peer agent's session for "peer:<agent>:<context>" (gated by
         "peer.delegate"); the same context resumes the same session."""
         request = pb.DelegateRequest(
             agent=agent, session_id=session_id, to_agent=to_agent, task=task, context=context
         )
-        return self._call(self._stub.Delegate, request)
+        return self._call(self._stub.Delegate, request, request_id=request_id)
 
     def send_to_peer(
         self,
@@ -441,6 +492,7 @@ class SessionClient(BaseClient):
         *,
         to_session_id: str = "",
         source: pb.Source | None = None,
+        request_id: str = "",
     ) -> pb.Event:
         """Puts `message` into a peer agent's session inbox (gated by "peer.send"):
         the session `to_session_id`, or the one `source` routes to."""
@@ -451,17 +503,17 @@ class SessionClient(BaseClient):
             request.source.CopyFrom(source)
         else:
             request.to_session_id = to_session_id
-        return self._call(self._stub.SendToPeer, request).event
+        return self._call(self._stub.SendToPeer, request, request_id=request_id).event
 
     def check_permission(
-        self, agent: str, session_id: str, action: str, resource: str = ""
+        self, agent: str, session_id: str, action: str, resource: str = "", *, request_id: str = ""
     ) -> pb.CheckPermissionResponse:
         """Decides whether the session may do `action` on `resource`, recording the
         decision in its log."""
         request = pb.CheckPermissionRequest(
             agent=agent, session_id=session_id, action=action, resource=resource
         )
-        return self._call(self._stub.CheckPermission, request)
+        return self._call(self._stub.CheckPermission, request, request_id=request_id)
 
 
 __all__ = [

@@ -1,0 +1,290 @@
+"""Exactly-once writes under retries: request ids remembered with the write they answer.
+
+A call that carries a request id (AIP-155) runs its write op wrapped by
+`RequestGuard.run`, inside the op's own transaction (or savepoint, under group
+commit):
+
+1. prune a bounded batch of expired records, when due;
+2. insert the record (caller's principal, request id, method, fingerprint of
+   the request) first, on the unique key (principal, request_id). On Postgres
+   the attempt first takes a transaction-scoped advisory lock on the id without
+   waiting: an attempt racing one still open answers UNAVAILABLE
+   (REQUEST_IN_FLIGHT; the clients retry it with the same id and get the
+   replay), because waiting inside a group-commit batch could deadlock. A racer
+   in the same batch holds the lock already and finds the record;
+3. if the insert found a record: the same method and fingerprint replay the
+   stored answer (`Replayed`), anything else is REQUEST_ID_REUSED; either way
+   the op does not run and nothing is written;
+4. else run the op and store the serialized answer in the record.
+
+So "committed" and "recorded" cannot disagree, and a failed op (a domain error
+rolls its savepoint back) leaves no record: its retry runs again.
+
+The pending guard reaches the runner through a context variable that the
+servicer side (`switchboard.mutations`) sets and `TransactionRunner.write`
+consumes. Nothing here knows protobuf: the answer arrives as an encoder.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import peewee
+
+from switchboard.database import Backend, bind_model
+from switchboard.errors import DomainError, InvalidArgument, Unavailable
+
+T = TypeVar("T")
+
+DEFAULT_WINDOW_S = 24 * 3600.0
+MAX_REQUEST_ID_LEN = 64
+_REQUEST_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_REQUEST_ID_LEN}}}")
+#: Expired records deleted per prune: bounded, so a prune never costs a call much.
+PRUNE_BATCH = 500
+#: The longest a process waits between prunes (shorter windows prune sooner).
+MAX_PRUNE_INTERVAL_S = 10.0
+
+
+class RequestRecord(peewee.Model):
+    """A remembered call. Each service has a table of its own (`SESSION_REQUESTS`,
+    `LEDGER_REQUESTS`, created by its migrations), so the two can share a database."""
+
+    principal = peewee.CharField(max_length=160)
+    request_id = peewee.CharField(max_length=MAX_REQUEST_ID_LEN)
+    method = peewee.CharField(max_length=200)
+    fingerprint = peewee.CharField(max_length=64)  # sha256 hex of the request sans its id
+    response = peewee.BlobField()
+    created_at = peewee.DoubleField(index=True)
+
+    class Meta:
+        primary_key = peewee.CompositeKey("principal", "request_id")
+
+
+SESSION_REQUESTS = "session_request_record"
+LEDGER_REQUESTS = "ledger_request_record"
+
+
+class RequestRecordV1(peewee.Model):
+    """The record table as the services' migrations first create it: frozen (a
+    shipped migration never changes), while `RequestRecord` may move on."""
+
+    principal = peewee.CharField(max_length=160)
+    request_id = peewee.CharField(max_length=MAX_REQUEST_ID_LEN)
+    method = peewee.CharField(max_length=200)
+    fingerprint = peewee.CharField(max_length=64)
+    response = peewee.BlobField()
+    created_at = peewee.DoubleField(index=True)
+
+    class Meta:
+        primary_key = peewee.CompositeKey("principal", "request_id")
+
+
+def checked_request_id(value: str) -> str:
+    if not _REQUEST_ID.fullmatch(value):
+        raise InvalidArgument(
+            "request_id",
+            f"must be 1-{MAX_REQUEST_ID_LEN} letters, digits, '-' or '_' (a UUID)",
+        )
+    return value
+
+
+class Replayed(DomainError):
+    """The call ran before with this request id: here is its answer.
+
+    Raised inside the transaction so that the runner rolls the attempt back like
+    a refusal (it wrote nothing) and the rule's code after its write is skipped;
+    `switchboard.mutations` turns it back into the stored response.
+    """
+
+    def __init__(self, response: bytes) -> None:
+        super().__init__("REPLAYED", "answered from the request-id record")
+        self.response = response
+
+
+class NotAnAnswer:
+    """Base of op results that the rule turns into an error after the commit
+    (a committed denial, say): they are not remembered, so a retry decides again."""
+
+
+@dataclass(frozen=True)
+class StoredRequest:
+    method: str
+    fingerprint: str
+    response: bytes
+    created_at: float
+
+
+class RequestStore:
+    """The record table's SQL; every method runs in the caller's transaction."""
+
+    def __init__(self, backend: Backend, table: str, window_s: float = DEFAULT_WINDOW_S) -> None:
+        if window_s <= 0:
+            raise ValueError("the request-id window must be positive")
+        self.backend = backend
+        self.window_s = window_s
+        self.prune_interval_s = min(MAX_PRUNE_INTERVAL_S, window_s)
+        self.Record = bind_model(RequestRecord, backend.database, table)
+        self._database: Any = backend.database
+        sql = _Sql(self._database.param)
+        self._insert = sql(
+            f"INSERT INTO {table} "
+            "(principal, request_id, method, fingerprint, response, created_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (principal, request_id) DO NOTHING"
+        )
+        self._select = sql(
+            f"SELECT method, fingerprint, response, created_at FROM {table} "
+            "WHERE principal = ? AND request_id = ?"
+        )
+        self._complete = sql(
+            f"UPDATE {table} SET response = ? WHERE principal = ? AND request_id = ?"
+        )
+        self._delete = sql(f"DELETE FROM {table} WHERE principal = ? AND request_id = ?")
+        # Oldest first through the created_at index; on Postgres, rows another
+        # writer is pruning (or whose call is still open) are skipped, not waited for.
+        skip = " FOR UPDATE SKIP LOCKED" if backend.skip_locked else ""
+        self._prune = sql(
+            f"DELETE FROM {table} WHERE (principal, request_id) IN "
+            f"(SELECT principal, request_id FROM {table} WHERE created_at < ? "
+            f"ORDER BY created_at LIMIT {PRUNE_BATCH}{skip})"
+        )
+        self._next_prune = 0.0  # monotonic; per process, a hint, not a guarantee
+        # With concurrent writers (Postgres), an insert that meets another open
+        # transaction's record for the same id would wait for it while this
+        # transaction may already hold locks an earlier op of its group-commit
+        # batch took: a deadlock. So an attempt first tries a transaction-scoped
+        # lock on the id and never waits for it; SQLite has one writer anyway.
+        # (A candidate for a Backend method, with the other dialect differences.)
+        self._try_lock = sql("SELECT pg_try_advisory_xact_lock(?)") if backend.skip_locked else None
+
+    def try_lock(self, principal: str, request_id: str) -> bool:
+        """False when another open transaction is working on this id right now."""
+        if self._try_lock is None:
+            return True
+        digest = hashlib.sha256(f"{principal}\0{request_id}".encode()).digest()
+        key = int.from_bytes(digest[:8], "big", signed=True)
+        return bool(self._database.execute_sql(self._try_lock, (key,)).fetchone()[0])
+
+    def insert(self, now: float, principal: str, request_id: str, method: str, print_: str) -> bool:
+        """Inserts a record without an answer yet; False when the id is taken."""
+        cursor = self._database.execute_sql(
+            self._insert, (principal, request_id, method, print_, b"", now)
+        )
+        return bool(cursor.rowcount == 1)
+
+    def get(self, principal: str, request_id: str) -> StoredRequest | None:
+        row = self._database.execute_sql(self._select, (principal, request_id)).fetchone()
+        if row is None:
+            return None
+        return StoredRequest(row[0], row[1], bytes(row[2]), float(row[3]))
+
+    def complete(self, principal: str, request_id: str, response: bytes) -> None:
+        self._database.execute_sql(self._complete, (response, principal, request_id))
+
+    def forget(self, principal: str, request_id: str) -> None:
+        self._database.execute_sql(self._delete, (principal, request_id))
+
+    def prune_if_due(self, now: float) -> int:
+        """Deletes up to PRUNE_BATCH expired records, at most once per interval
+        unless the last prune found a full batch (then at once again)."""
+        if time.monotonic() < self._next_prune:
+            return 0
+        deleted = int(self._database.execute_sql(self._prune, (now - self.window_s,)).rowcount)
+        if deleted < PRUNE_BATCH:
+            self._next_prune = time.monotonic() + self.prune_interval_s
+        return deleted
+
+    def count(self) -> int:
+        return int(self.Record.select().count())
+
+
+@dataclass(frozen=True)
+class _Sql:
+    param: str
+
+    def __call__(self, text: str) -> str:
+        return text.replace("?", self.param)
+
+
+@dataclass
+class RequestGuard:
+    """One call's request id on its way to the write transaction."""
+
+    store: RequestStore
+    principal: str
+    request_id: str
+    method: str
+    fingerprint: str
+    #: The op's result as the serialized response (built inside the transaction).
+    encode: Callable[[Any], bytes]
+    #: The response bytes of this attempt once its op ran (for the servicer).
+    answer: bytes | None = field(default=None)
+
+    def run(self, op: Callable[[float], T], now: float) -> T:
+        store = self.store
+        store.prune_if_due(now)
+        key = (self.principal, self.request_id)
+        if not store.try_lock(*key):
+            raise Unavailable(
+                "REQUEST_IN_FLIGHT",
+                "an attempt with this request_id is still running; retry with the same id",
+            )
+        if not store.insert(now, *key, self.method, self.fingerprint):
+            stored = store.get(*key)
+            if stored is not None and stored.created_at < now - store.window_s:
+                store.forget(*key)  # expired but not pruned yet: the id is free again
+                stored = None
+            if stored is not None:
+                self._refuse_reuse(stored)
+                raise Replayed(stored.response)
+            store.insert(now, *key, self.method, self.fingerprint)  # under our lock: free
+        result = op(now)
+        if isinstance(result, NotAnAnswer):
+            store.forget(*key)
+            return result
+        self.answer = self.encode(result)
+        store.complete(*key, self.answer)
+        return result
+
+    def _refuse_reuse(self, stored: StoredRequest) -> None:
+        if stored.method != self.method:
+            raise InvalidArgument(
+                "request_id",
+                f"was used for {stored.method.rsplit('/', 1)[-1]} already; "
+                "use a fresh id for every call",
+                reason="REQUEST_ID_REUSED",
+            )
+        if stored.fingerprint != self.fingerprint:
+            raise InvalidArgument(
+                "request_id",
+                "was used for a different request already; a retry must repeat the "
+                "request unchanged, a new call needs a fresh id",
+                reason="REQUEST_ID_REUSED",
+            )
+
+
+_PENDING: contextvars.ContextVar[RequestGuard | None] = contextvars.ContextVar(
+    "switchboard_pending_request", default=None
+)
+
+
+def pending() -> contextvars.ContextVar[RequestGuard | None]:
+    """The context variable a servicer sets for the duration of one call."""
+    return _PENDING
+
+
+def guard_pending(op: Callable[[float], T]) -> Callable[[float], T]:
+    """`op` wrapped by the calling context's pending guard, if any (for the runner).
+
+    The guard is consumed: only the call's first write carries its request id.
+    """
+    guard = _PENDING.get()
+    if guard is None:
+        return op
+    _PENDING.set(None)
+    return lambda now: guard.run(op, now)

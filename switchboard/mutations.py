@@ -1,0 +1,113 @@
+"""The servicers' side of request ids: which RPCs write, and how their answer is built.
+
+A servicer declares each RPC that writes with the service's `Mutations`:
+
+    mutation = Mutations(pb.DESCRIPTOR.services_by_name["SessionService"])
+
+    @mutation(lambda event: pb.PostToInboxResponse(event=event))
+    async def PostToInbox(self, request, context) -> pb.Event:
+        return await self.sessions.post_to_inbox(...)
+
+The handler returns the rule's result; the converter makes it the response.
+With a `request_id` in the request, the call's write runs under a
+`switchboard.idempotency.RequestGuard` (set in a context variable that the
+runner consumes), the converter runs inside the write transaction, and the
+stored bytes answer every retry; without one the handler runs as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar, cast
+
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import Message
+
+from switchboard import auth
+from switchboard.idempotency import (
+    Replayed,
+    RequestGuard,
+    RequestStore,
+    checked_request_id,
+    pending,
+)
+
+
+class HasRequests(Protocol):
+    #: Where the servicer's request-id records live.
+    requests: RequestStore
+
+
+S = TypeVar("S", bound=HasRequests)
+Req = TypeVar("Req", bound=Message)
+R = TypeVar("R")
+Resp = TypeVar("Resp", bound=Message)
+Handler = Callable[[S, Req, Any], Awaitable[R]]
+
+
+def fingerprint(request: Message) -> str:
+    """sha256 of the request without its request_id (deterministic encoding)."""
+    request_id = getattr(request, "request_id")  # noqa: B009 (a field, typed per message)
+    request.ClearField("request_id")
+    try:
+        encoded = request.SerializeToString(deterministic=True)
+    finally:
+        setattr(request, "request_id", request_id)  # noqa: B010
+    return hashlib.sha256(encoded).hexdigest()
+
+
+class Mutations:
+    """Declares the RPCs of one service that write (and so take a request_id)."""
+
+    def __init__(self, service: ServiceDescriptor) -> None:
+        self.service = service
+        self.declared: set[str] = set()
+
+    def __call__(
+        self, to_response: Callable[[R], Resp]
+    ) -> Callable[[Handler[S, Req, R]], Callable[[S, Req, Any], Awaitable[Resp]]]:
+        def declare(handler: Handler[S, Req, R]) -> Callable[[S, Req, Any], Awaitable[Resp]]:
+            rpc = self.service.methods_by_name[handler.__name__]
+            if "request_id" not in rpc.input_type.fields_by_name:
+                raise TypeError(f"{rpc.full_name}: its request has no request_id field")
+            method = f"/{self.service.full_name}/{rpc.name}"
+            response_class = message_factory.GetMessageClass(rpc.output_type)
+            self.declared.add(rpc.name)
+
+            @functools.wraps(handler)
+            async def handle(servicer: S, request: Req, context: Any) -> Resp:
+                request_id: str = getattr(request, "request_id")  # noqa: B009
+                if not request_id:
+                    return to_response(await handler(servicer, request, context))
+                checked_request_id(request_id)
+                built: list[Resp] = []
+
+                def encode(result: R) -> bytes:
+                    built.append(to_response(result))
+                    return built[-1].SerializeToString()
+
+                guard = RequestGuard(
+                    servicer.requests,
+                    auth.current_principal(),
+                    request_id,
+                    method,
+                    fingerprint(request),
+                    encode,
+                )
+                token = pending().set(guard)
+                try:
+                    result = await handler(servicer, request, context)
+                except Replayed as replayed:
+                    return cast(Resp, response_class.FromString(replayed.response))
+                finally:
+                    pending().reset(token)
+                # The answer built in the transaction, so first call and replay agree;
+                # a rule that answered without writing (a join) built none.
+                return built[-1] if built else to_response(result)
+
+            return handle
+
+        return declare
