@@ -103,6 +103,7 @@ class GrpcApp:
         self._monitor: asyncio.Task[None] | None = None
         self._probe_now = asyncio.Event()
         self._last_probe_error = ""
+        self._stopping = False
         # One thread: a probe stuck on a black-holed database never stacks up others.
         self._prober = ThreadPoolExecutor(max_workers=1, thread_name_prefix="health-probe")
 
@@ -182,7 +183,7 @@ class GrpcApp:
         """Health follows the database: NOT_SERVING while `unit.probe()` fails (so
         readiness takes the replica out), SERVING again once it answers."""
         serving = True
-        while True:
+        while not self._stopping:
             healthy = await self._storage_ok()
             if healthy != serving:
                 if healthy:
@@ -205,9 +206,11 @@ class GrpcApp:
         """NOT_SERVING first (load balancers stop sending), then drain, then close storage."""
         assert self.health is not None and self.server is not None, "stop() before start()"
         if self._monitor is not None:
+            # A flag as well as cancel(): Python 3.11's wait_for can swallow a
+            # cancellation that races its inner future's completion.
+            self._stopping = True
             self._monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._monitor
+            await asyncio.wait({self._monitor}, timeout=self.settings.health_probe_timeout_s + 1)
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.settings.drain_grace_s)
         await asyncio.to_thread(self.unit.close)
