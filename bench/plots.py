@@ -292,6 +292,33 @@ def open_loop_plot(report: dict[str, Any], directory: Path) -> Path | None:
     return path
 
 
+def db_latency_plot(report: dict[str, Any], directory: Path) -> Path | None:
+    """Appends/s and delivery cycles/s against the round trip added to Postgres."""
+    points = report.get("db_latency") or []
+    if not points:
+        return None
+    added = [float(p["added_rtt_ms"]) for p in points]
+    figure = Figure(figsize=(7, 4.5))
+    ax = figure.subplots()
+    for key, label in (("appends", "AppendEvents/s"), ("cycles", "delivery cycles/s")):
+        values = [float(p[key]["cycles_per_s"]) for p in points]
+        ax.plot(added, values, marker="o", label=label)
+        _label_points(ax, added, values)
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_yscale("log")
+    ax.set_xticks(added)
+    ax.set_xticklabels([f"+{a:g}" for a in added])
+    ax.set_xlabel("round trip added between the server and Postgres (ms)")
+    ax.set_ylabel("per second, 8 clients (log scale)")
+    ax.set_title("Postgres: throughput against database latency")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    path = directory / "postgres-throughput-vs-latency.png"
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    return path
+
+
 def write_plots(report: dict[str, Any], directory: Path = RESULTS_DIR) -> list[Path]:
     """Every plot the report has data for; returns the files written."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -300,6 +327,7 @@ def write_plots(report: dict[str, Any], directory: Path = RESULTS_DIR) -> list[P
         session_plot(report, directory),
         timetravel_plot(report, directory),
         open_loop_plot(report, directory),
+        db_latency_plot(report, directory),
     ]
     return [path for path in written if path is not None]
 

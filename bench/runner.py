@@ -32,6 +32,7 @@ from typing import Any
 from bench import (
     against,
     baseline,
+    db_latency,
     harness,
     latency,
     orphans,
@@ -330,8 +331,9 @@ ALL_KEYS = (
     *(c.key for c in CONFIGS),
     *(c.key for c in session_runner.SESSION_CONFIGS),
     "timetravel",
+    "db-latency",
 )
-POSTGRES_KEYS = ("postgres", "session-postgres")
+POSTGRES_KEYS = ("postgres", "session-postgres", "db-latency")
 #: Parts of the run `--skip` can leave out.
 PARTS = ("orphans", "open-loop", "plots")
 
@@ -475,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     travel: dict[str, Any] | None = None
     if "timetravel" in keys:
         travel = timetravel.measure(args.quick, say=lambda line: log(f"[timetravel] {line}"))
+    # -- throughput against database latency (Postgres behind a delaying proxy) ---------
+    latency_points: list[db_latency.Point] = []
+    if "db-latency" in keys:
+        latency_points = db_latency.measure(seconds, warmup_s)
 
     # -- this tree against an earlier release ---------------------------------------------
     against_pairs: list[against.Pair] = []
@@ -544,6 +550,11 @@ def main(argv: list[str] | None = None) -> int:
             "== SessionService: restart and global rewind against events and sessions ==\n"
             + timetravel.render(travel)
         )
+    if latency_points:
+        sections.append(
+            "== Postgres: appends and delivery cycles against added database round trip ==\n"
+            + db_latency.render(latency_points)
+        )
     if against_pairs:
         sections.append("== " + against.render(args.against, against_pairs))
     print("\n\n".join(sections))
@@ -583,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "open_loop": latency.report(open_runs, open_rows, open_loop) if open_loop else None,
         "timetravel": travel,
+        "db_latency": db_latency.report(latency_points),
         "against": against.to_json(args.against, against_pairs) if against_pairs else None,
         "notes": notes,
     }

@@ -82,6 +82,10 @@ class DeliveryUnit:
     def close(self) -> None:
         self.runner.close()
 
+    def probe(self) -> None:
+        """Raises `Unavailable` unless the database answers now (health checking)."""
+        self.runner.probe()
+
     def gauges(self) -> Iterable[Metric]:
         """Ledger gauges for Prometheus, read at scrape time."""
         stats = self.runner.submit_read(lambda: self.store.stats(self.store.backend.now()))

@@ -53,6 +53,10 @@ class SessionUnit:
     def close(self) -> None:
         self.runner.close()
 
+    def probe(self) -> None:
+        """Raises `Unavailable` unless the database answers now (health checking)."""
+        self.runner.probe()
+
     def gauges(self) -> Iterable[Metric]:
         """Log gauges for Prometheus, read at scrape time."""
         head, lag = self.runner.submit_read(self.store.head_and_snapshot_lag).result(timeout=10)

@@ -87,7 +87,8 @@ class Backend(Protocol):
 
     def translate(self, exc: BaseException) -> DomainError | None:
         """The domain error a database fault means (UNAVAILABLE, RESOURCE_EXHAUSTED),
-        or None when `exc` is no fault of the database (a bug: INTERNAL)."""
+        or None when `exc` is no fault of the database (a bug: INTERNAL). A lost connection
+        is `ConnectionLost`, which the runner retries once on a fresh connection."""
         ...
 
 

@@ -66,5 +66,17 @@ class Unavailable(DomainError):
     """
 
 
+class ConnectionLost(Unavailable):
+    """The call's database connection broke before it committed: nothing was written.
+
+    The runner retries such a call once on a fresh connection, and discards the
+    broken one; a backend's `translate` returns it for connection faults only.
+    """
+
+
 class ResourceExhausted(DomainError):
     """A resource the call needs has run out (e.g. the disk under SQLite)."""
+
+
+class DeadlineExceeded(DomainError):
+    """The call's deadline passed before its turn came: it was not executed."""

@@ -1,16 +1,187 @@
-"""The PostgreSQL backend: a connection pool; the database's clock is "now"."""
+"""The PostgreSQL backend: a connection pool; the database's clock is "now".
+
+Round trips are what a call costs once the database is a network hop away, so
+this backend sends transaction control along with the statement that follows it
+(`_DeferringPostgresDatabase`) and reads the database's clock once every few
+seconds instead of once per transaction (`_DatabaseClock`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from playhouse.pool import PooledPostgresqlDatabase
+import peewee
+import psycopg2
+import psycopg2.extensions
+from playhouse.pool import MaxConnectionsExceeded, PooledPostgresqlDatabase
 
 from switchboard.database import DatabaseSettings
-from switchboard.errors import DomainError
+from switchboard.errors import ConnectionLost, DomainError, Unavailable
+
+#: Seconds libpq waits for a connection (a dead or black-holed server): calls fail
+#: fast with UNAVAILABLE rather than waiting out their deadlines.
+CONNECT_TIMEOUT_S = 2
+#: SQLSTATEs that mean the server went away or refused the session, not the statement.
+_STATUS_UNKNOWN = psycopg2.extensions.TRANSACTION_STATUS_UNKNOWN
+_CONNECTION_STATES = {"57P01", "57P02", "57P03", "53300"}  # admin/crash shutdown, starting, full
+
+
+def _driver_errors_wrapped() -> Any:
+    """peewee's context manager that re-raises driver errors as peewee's own."""
+    module: Any = peewee
+    return module.__exception_wrapper__
+
+
+class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc]
+    """Sends BEGIN, SAVEPOINT and RELEASE with the next statement instead of alone.
+
+    Each costs a round trip of its own otherwise. They are queued (per thread, as
+    peewee's connections are) and prefixed to the next statement in one simple-query
+    message; a savepoint nobody wrote under, or a transaction that executed nothing,
+    is never sent at all. COMMIT and ROLLBACK stay separate: their answer matters.
+    Anything that takes a raw cursor (`executemany`) gets the queue flushed first.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deferred = threading.local()
+
+    def _queued(self) -> list[str]:
+        queued: list[str] | None = getattr(self._deferred, "sql", None)
+        if queued is None:
+            queued = self._deferred.sql = []
+        return queued
+
+    def defer(self, sql: str) -> None:
+        self._queued().append(sql)
+
+    def undefer(self, sql: str) -> bool:
+        """Takes `sql` back if it is the last statement queued (nothing ran after it)."""
+        queued = self._queued()
+        if queued and queued[-1] == sql:
+            queued.pop()
+            return True
+        return False
+
+    def _take_queued(self) -> str:
+        queued = self._queued()
+        prefix = "".join(f"{sql}; " for sql in queued)
+        queued.clear()
+        return prefix
+
+    def begin(self, isolation_level: Any = None) -> None:
+        assert isolation_level is None, "isolation levels are not used"
+        self._queued().clear()
+        self.defer("BEGIN")
+
+    def execute_sql(self, sql: str, params: Any = None) -> Any:
+        return super().execute_sql(self._take_queued() + sql, params)
+
+    def cursor(self, named_cursor: Any = None) -> Any:
+        cursor = super().cursor(named_cursor)
+        prefix = self._take_queued()
+        if prefix:
+            with _driver_errors_wrapped():
+                cursor.execute(prefix)
+        return cursor
+
+    def commit(self) -> None:
+        if self.undefer("BEGIN"):
+            return  # the transaction never started: nothing to commit
+        self._end("COMMIT")
+
+    def rollback(self) -> None:
+        if self.undefer("BEGIN"):
+            return
+        self._queued().clear()  # savepoint statements are moot: the transaction ends
+        self._end("ROLLBACK")
+
+    def _end(self, statement: str) -> None:
+        if self.is_closed():
+            raise peewee.InterfaceError(f"cannot {statement}: the connection is not open")
+        prefix = self._take_queued()
+        with _driver_errors_wrapped():
+            super().cursor().execute(prefix + statement)
+
+    def _is_closed(self, conn: Any) -> bool:
+        # peewee checks a pooled connection with a SELECT 1 at every check-out: a round
+        # trip per call. A dead one is found by the call's first statement instead, and
+        # the runner retries once on a fresh connection.
+        return bool(conn.closed) or conn.get_transaction_status() == _STATUS_UNKNOWN
+
+    def savepoint(self) -> Any:
+        return _DeferredSavepoint(self)
+
+    def close(self) -> Any:
+        self._queued().clear()
+        return super().close()
+
+
+class _DeferredSavepoint(peewee._savepoint):
+    """A savepoint sent with the next statement, released with the one after."""
+
+    db: _DeferringPostgresDatabase
+
+    def _begin(self) -> None:
+        self.db.defer(f"SAVEPOINT {self.quoted_sid}")
+
+    def commit(self, begin: bool = True) -> None:
+        if not self.db.undefer(f"SAVEPOINT {self.quoted_sid}"):
+            self.db.defer(f"RELEASE SAVEPOINT {self.quoted_sid}")
+        if begin:
+            self._begin()
+
+    def rollback(self, begin: bool = True) -> None:
+        if not self.db.undefer(f"SAVEPOINT {self.quoted_sid}"):
+            self.db.defer(f"ROLLBACK TO SAVEPOINT {self.quoted_sid}")
+        if begin:
+            self._begin()
+
+
+class _DatabaseClock:
+    """The database's clock without a query per transaction.
+
+    One `clock_timestamp()` is read every `resample_s` and advanced by this host's
+    monotonic clock in between (which wall-clock steps on the host do not move), so
+    replicas on hosts with skewed clocks still agree on leases; the error is half a
+    round trip and the monotonic clock's drift over a few seconds.
+    """
+
+    def __init__(self, resample_s: float = 5.0) -> None:
+        self._resample_s = resample_s
+        self._sample: tuple[float, float] | None = None  # (database epoch, monotonic)
+
+    def now(self, read_database_clock: Callable[[], float]) -> float:
+        sample = self._sample
+        if sample is None or time.monotonic() - sample[1] > self._resample_s:
+            sent = time.monotonic()
+            at_database = read_database_clock()
+            sample = self._sample = (at_database, (sent + time.monotonic()) / 2)
+        return sample[0] + (time.monotonic() - sample[1])
+
+
+def _driver_error(exc: BaseException) -> BaseException:
+    """The psycopg2 exception a peewee one wraps (peewee keeps it as `orig`)."""
+    inner = getattr(exc, "orig", None)
+    return inner if isinstance(inner, BaseException) else exc
+
+
+def _is_connection_fault(exc: BaseException) -> bool:
+    if isinstance(exc, peewee.InterfaceError | psycopg2.InterfaceError):
+        return True  # "connection already closed"
+    driver = _driver_error(exc)
+    if isinstance(driver, psycopg2.InterfaceError):
+        return True
+    if isinstance(driver, psycopg2.OperationalError):
+        code = driver.pgcode
+        # No SQLSTATE: libpq's own error (refused, reset, timed out, closed unexpectedly).
+        return code is None or code.startswith("08") or code in _CONNECTION_STATES
+    return False
 
 
 class PostgresBackend:
@@ -21,9 +192,13 @@ class PostgresBackend:
 
     def __init__(self, url: str, settings: DatabaseSettings) -> None:
         parsed = urlparse(url)
-        options = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
+        options: dict[str, Any] = {
+            key: values[-1] for key, values in parse_qs(parsed.query).items()
+        }
+        options.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
         self.writer_threads = settings.writer_threads
-        self.database = PooledPostgresqlDatabase(
+        self._clock = _DatabaseClock()
+        self.database = _DeferringPostgresDatabase(
             unquote(parsed.path.lstrip("/")) or "postgres",
             user=unquote(parsed.username) if parsed.username else None,
             password=unquote(parsed.password) if parsed.password else None,
@@ -31,6 +206,8 @@ class PostgresBackend:
             port=parsed.port or 5432,
             max_connections=settings.pool_size,
             stale_timeout=300,
+            # Wait this long for a free pooled connection, then fail (UNAVAILABLE).
+            timeout=10,
             **options,
         )
 
@@ -48,14 +225,35 @@ class PostgresBackend:
 
     def now(self) -> float:
         # The database's clock, so replicas with skewed clocks agree on leases.
+        return self._clock.now(self._read_clock)
+
+    def _read_clock(self) -> float:
         row = self.database.execute_sql("SELECT extract(epoch from clock_timestamp())").fetchone()
         return float(row[0])
 
     def probe(self) -> None:
-        # Placeholder until the fault-handling work: a plain round trip.
-        with self.database.connection_context():
-            self.database.execute_sql("SELECT 1")
+        try:
+            with self.database.connection_context():
+                self.database.execute_sql("SELECT 1")
+        except Exception as exc:
+            translated = self.translate(exc)
+            if translated is None:
+                raise
+            raise translated from exc
 
     def translate(self, exc: BaseException) -> DomainError | None:
-        # Placeholder until the Postgres fault-handling work classifies connection errors.
+        if isinstance(exc, MaxConnectionsExceeded):
+            return Unavailable(
+                "DATABASE_BUSY",
+                "every database connection of this server stayed busy; the call wrote "
+                "nothing and may be retried",
+            )
+        if _is_connection_fault(exc):
+            reason = str(_driver_error(exc)).strip().splitlines()[0:1]
+            return ConnectionLost(
+                "DATABASE_CONNECTION_LOST",
+                "the database connection was lost"
+                + (f" ({reason[0]})" if reason else "")
+                + "; the call did not commit and may be retried",
+            )
         return None

@@ -5,27 +5,51 @@ reads run on a small thread pool, writes on dedicated writer threads that
 commit whatever has queued up in one transaction (group commit), each
 operation in its own savepoint. One fsync then acknowledges many calls, and a
 failing operation rolls back only itself.
+
+Database faults: every read and every transaction takes a connection from the
+backend's pool and gives it back after, so a broken connection (a server
+restart, a terminated backend) is discarded and the next call gets a fresh
+one. A call that loses its connection answers UNAVAILABLE: a read, or a write
+whose transaction broke before COMMIT (it wrote nothing), is first retried once
+on a fresh connection; a write that broke during COMMIT cannot know whether it
+committed and answers UNAVAILABLE at once (a retry with the same request id is
+safe). When a connection cannot be made, the database counts as down for a short
+window in which calls fail at once instead of each waiting for a connect
+timeout; `probe()` (health checking) ends the window when the database answers.
+
+Each operation runs in the `contextvars` context of the call that submitted it
+(per-call values set by interceptors are visible inside), and an operation whose
+caller's deadline (`switchboard.deadlines.CALL_DEADLINE`) passed while it queued
+is not executed: it is settled DEADLINE_EXCEEDED.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from playhouse.pool import PooledDatabase
 
 from switchboard import idempotency
 from switchboard.database import Backend, DatabaseSettings
-from switchboard.errors import DomainError
+from switchboard.deadlines import CALL_DEADLINE
+from switchboard.errors import ConnectionLost, DeadlineExceeded, DomainError, Unavailable
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+#: After a failed connect, calls fail at once for this long (seconds) rather than
+#: each waiting for its own connect timeout; a successful probe ends it sooner.
+DOWN_WINDOW_S = 1.0
 
 _STOP = object()
 
@@ -37,6 +61,12 @@ class _WriteOp:
     #: future together with the loop it belongs to.
     future: Future[Any] | asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop | None = None
+    #: The submitting call's context and deadline, captured when it was queued.
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
+    deadline: float | None = field(default_factory=CALL_DEADLINE.get)
+
+    def call(self, now: float) -> Any:
+        return self.context.run(self.run, now)
 
 
 def _settle(future: Future[Any] | asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -53,6 +83,36 @@ def _settle_all(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
         _settle(future, ok, value)
 
 
+def _expired(deadline: float | None) -> DeadlineExceeded | None:
+    if deadline is not None and time.monotonic() >= deadline:
+        return DeadlineExceeded(
+            "DEADLINE_EXCEEDED", "the call's deadline passed before its turn; it was not executed"
+        )
+    return None
+
+
+class _Outage:
+    """Whether the database could not be reached a moment ago (see `DOWN_WINDOW_S`)."""
+
+    def __init__(self) -> None:
+        self._until = 0.0
+        self._error: Unavailable | None = None
+
+    def error(self) -> Unavailable | None:
+        return self._error if time.monotonic() < self._until else None
+
+    def down(self, error: Unavailable) -> None:
+        self._error = error
+        self._until = time.monotonic() + DOWN_WINDOW_S
+
+    def up(self) -> None:
+        self._until = 0.0
+
+
+class _LostAtCommit(Exception):
+    """The connection broke while COMMIT was under way: the outcome is unknown."""
+
+
 class TransactionRunner:
     """Runs storage operations on threads; group-commits writes."""
 
@@ -67,6 +127,8 @@ class TransactionRunner:
         self.backend = backend
         self._begin_write = begin_write or (lambda: None)
         self._max_batch = settings.max_batch
+        self._pooled = isinstance(backend.database, PooledDatabase)
+        self._outage = _Outage()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._readers = ThreadPoolExecutor(
             max_workers=settings.reader_threads, thread_name_prefix=f"{backend.name}-reader"
@@ -85,20 +147,49 @@ class TransactionRunner:
     def submit_write(self, op: Callable[[float], T]) -> Future[T]:
         """Queue `op(now)` to run inside a write transaction; the future resolves after commit."""
         future: Future[T] = Future()
-        self._queue.put(_WriteOp(idempotency.guard_pending(op), future))
+        self._enqueue(_WriteOp(idempotency.guard_pending(op), future))
         return future
 
     def submit_read(self, op: Callable[[], T]) -> Future[T]:
-        return self._readers.submit(self._read, op)
+        return self._readers.submit(self._read, op, contextvars.copy_context(), CALL_DEADLINE.get())
 
     async def write(self, op: Callable[[float], T]) -> T:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put(_WriteOp(idempotency.guard_pending(op), future, loop))
+        self._enqueue(_WriteOp(idempotency.guard_pending(op), future, loop))
         return await future
 
     async def read(self, op: Callable[[], T]) -> T:
         return await asyncio.wrap_future(self.submit_read(op))
+
+    def probe(self) -> None:
+        """Raises `Unavailable` unless the database answers now (health checking).
+
+        A failure opens the outage window (calls fail fast); success closes it.
+        """
+        try:
+            self._probe_once()
+        except ConnectionLost:
+            self._discard_connection()  # a pooled connection was stale: try a fresh one
+            try:
+                self._probe_once()
+            except Unavailable as down:
+                self._outage.down(down)
+                raise
+        except Unavailable as down:
+            self._outage.down(down)
+            raise
+        self._outage.up()
+
+    def _probe_once(self) -> None:
+        try:
+            self.backend.probe()
+        except DomainError:
+            raise
+        except Exception as exc:
+            raise self._translated(exc) or Unavailable(
+                "DATABASE_UNAVAILABLE", f"the database probe failed: {exc}"
+            ) from exc
 
     def close(self) -> None:
         for _ in self._writers:
@@ -110,71 +201,191 @@ class TransactionRunner:
         if close_all is not None:  # a pool: close the idle connections too
             close_all()
 
-    # -- threads ----------------------------------------------------------------------------
+    def _enqueue(self, op: _WriteOp) -> None:
+        down = self._outage.error()
+        if down is not None:
+            _settle(op.future, False, down)  # fail fast: the database is unreachable
+        else:
+            self._queue.put(op)
 
-    def _read(self, op: Callable[[], T]) -> T:
-        self.backend.database.connect(reuse_if_open=True)
-        return op()
+    # -- connections ------------------------------------------------------------------------
+
+    def _translated(self, exc: Exception) -> DomainError | None:
+        return self.backend.translate(exc)
+
+    @contextlib.contextmanager
+    def _connected(self) -> Iterator[None]:
+        """A connection for one read or one transaction: from the pool, and back after."""
+        down = self._outage.error()
+        if down is not None:
+            raise down
+        database = self.backend.database
+        try:
+            database.connect(reuse_if_open=True)
+        except Exception as exc:
+            fault = self._translated(exc)
+            if not isinstance(fault, Unavailable):
+                raise
+            unreachable = Unavailable(
+                "DATABASE_UNREACHABLE",
+                f"the database cannot be reached ({fault.message}); "
+                "the call wrote nothing and may be retried",
+            )
+            self._outage.down(unreachable)
+            raise unreachable from exc
+        try:
+            yield
+        except BaseException as exc:
+            if isinstance(exc, _LostAtCommit | ConnectionLost) or (
+                isinstance(exc, Exception) and isinstance(self._translated(exc), ConnectionLost)
+            ):
+                self._discard_connection()
+            raise
+        finally:
+            if self._pooled:
+                with contextlib.suppress(Exception):
+                    database.close()  # back to the pool (a broken one is dropped)
+
+    def _discard_connection(self) -> None:
+        """Drops this thread's connection, and the pool's idle ones: a server that broke
+        one connection (a restart, a mass termination) has usually broken them all."""
+        database: Any = self.backend.database
+        with contextlib.suppress(Exception):
+            if self._pooled:
+                database.manual_close()
+                database.close_idle()
+            else:
+                database.close()
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def _read(self, op: Callable[[], T], context: contextvars.Context, deadline: float | None) -> T:
+        for attempt in (1, 2):
+            expired = _expired(deadline)
+            if expired is not None:
+                raise expired
+            try:
+                with self._connected():
+                    return context.run(op)
+            except DomainError:
+                raise
+            except Exception as exc:
+                fault = self._translated(exc)
+                if fault is None:
+                    raise
+                if attempt == 2 or not isinstance(fault, ConnectionLost):
+                    raise fault from exc
+                log.warning("a read lost its database connection (%s); retrying once", exc)
+        raise AssertionError("unreachable")
+
+    # -- writes -----------------------------------------------------------------------------
 
     def _writer_loop(self) -> None:
-        self.backend.database.connect(reuse_if_open=True)
-        try:
-            while True:
-                first = self._queue.get()
-                if first is _STOP:
-                    return
-                batch: list[_WriteOp] = [first]
-                stop_after = False
-                while len(batch) < self._max_batch:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        stop_after = True
-                        break
-                    batch.append(item)
-                self._publish(batch, self._commit(batch))
-                if stop_after:
-                    return
-        finally:
-            self.backend.database.close()
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            batch: list[_WriteOp] = [first]
+            stop_after = False
+            while len(batch) < self._max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop_after = True
+                    break
+                batch.append(item)
+            self._publish(batch, self._outcomes(batch))
+            if stop_after:
+                return
+
+    def _outcomes(self, batch: list[_WriteOp]) -> list[tuple[bool, Any]]:
+        """Each operation's (ok, result or error): expired ones are not executed."""
+        outcomes: list[tuple[bool, Any] | None] = []
+        live: list[_WriteOp] = []
+        for op in batch:
+            expired = _expired(op.deadline)
+            outcomes.append(None if expired is None else (False, expired))
+            if expired is None:
+                live.append(op)
+        committed = iter(self._commit(live) if live else [])
+        return [outcome or next(committed) for outcome in outcomes]
 
     def _commit(self, batch: list[_WriteOp]) -> list[tuple[bool, Any]]:
         """Runs the batch in one transaction; returns each operation's (ok, result or error)."""
         if len(batch) == 1:
             return [self._commit_alone(batch[0])]
         try:
-            with self.backend.write_transaction():
-                self._begin_write()
-                now = self.backend.now()
-                return [self._run_in_savepoint(op, now) for op in batch]
+            return self._transaction(lambda now: [self._run_in_savepoint(op, now) for op in batch])
+        except ConnectionLost:
+            # Broke before COMMIT: nothing was written, so each may run again.
+            return [self._commit_alone(op) for op in batch]
+        except _LostAtCommit:
+            return [(False, self._lost_at_commit())] * len(batch)
+        except Unavailable as unreachable:  # none of them ran
+            return [(False, unreachable)] * len(batch)
         except Exception:
             # Something broke the shared transaction: retry one by one so only
             # the operation at fault fails.
             return [self._commit_alone(op) for op in batch]
 
     def _commit_alone(self, op: _WriteOp) -> tuple[bool, Any]:
+        for attempt in (1, 2):
+            expired = _expired(op.deadline)
+            if expired is not None:
+                return False, expired
+            try:
+                return True, self._transaction(op.call)
+            except ConnectionLost as lost:
+                if attempt == 2:
+                    return False, lost
+                log.warning("a write lost its database connection before COMMIT; retrying once")
+            except DomainError as refused:
+                return False, refused  # rolled back: a refused call writes nothing
+            except _LostAtCommit:
+                return False, self._lost_at_commit()
+            except Exception as exc:
+                log.exception("write transaction failed")
+                return False, exc
+        raise AssertionError("unreachable")
+
+    def _transaction(self, body: Callable[[float], T]) -> T:
+        """`body(now)` in one write transaction on a pooled connection.
+
+        Raises `ConnectionLost` if the connection broke before COMMIT, `_LostAtCommit`
+        if it broke during COMMIT, and the backend's translation of known faults.
+        """
+        committing = False
         try:
-            with self.backend.write_transaction():
+            with self._connected(), self.backend.write_transaction():
                 self._begin_write()
-                return True, op.run(self.backend.now())
-        except DomainError as refused:
-            return False, refused  # rolled back: a refused call writes nothing
+                result = body(self.backend.now())
+                committing = True
+            return result
+        except DomainError:
+            raise
         except Exception as exc:
-            # -- sqlitefaults (issue 10 item 3): a database fault answers as the domain
-            # error it means (UNAVAILABLE / RESOURCE_EXHAUSTED), logged by the backend.
-            fault = self.backend.translate(exc)
-            if fault is not None:
-                return False, fault
-            # -- end sqlitefaults
-            log.exception("write transaction failed")
-            return False, exc
+            fault = self._translated(exc)
+            if committing and isinstance(fault, ConnectionLost):
+                raise _LostAtCommit() from exc
+            if fault is None:
+                raise
+            raise fault from exc
+
+    @staticmethod
+    def _lost_at_commit() -> Unavailable:
+        log.warning("the database connection was lost during COMMIT; the outcome is unknown")
+        return Unavailable(
+            "DATABASE_CONNECTION_LOST",
+            "the database connection was lost while the call committed: it may or may not "
+            "have been applied; retry it with the same request id",
+        )
 
     def _run_in_savepoint(self, op: _WriteOp, now: float) -> tuple[bool, Any]:
         try:
             with self.backend.database.atomic():
-                return True, op.run(now)
+                return True, op.call(now)
         except DomainError as refused:
             return False, refused
 

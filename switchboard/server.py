@@ -8,9 +8,11 @@ calls run on the `TransactionRunner`'s threads, never on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -22,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client.metrics_core import Metric
 
 from switchboard.auth import AuthInterceptor, Grant
+from switchboard.deadlines import DeadlineInterceptor
 from switchboard.grpc_errors import DomainErrorInterceptor
 from switchboard.observability import ObservabilityInterceptor, RpcMetrics
 
@@ -51,6 +54,10 @@ class ServerSettings:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
+    #: Seconds between database probes for health checking (sooner after a call
+    #: failed UNAVAILABLE), and how long one may take before it counts as failed.
+    health_probe_interval_s: float = 1.0
+    health_probe_timeout_s: float = 2.0
 
     def credentials(self) -> grpc.ServerCredentials | None:
         if self.tls_cert is None or self.tls_key is None:
@@ -79,6 +86,10 @@ class ServiceUnit(Protocol):
         """State gauges (read from storage) for the metrics endpoint."""
         ...
 
+    def probe(self) -> None:
+        """Raises `switchboard.errors.Unavailable` unless storage can serve calls now."""
+        ...
+
 
 class GrpcApp:
     """A started server hosting one service with health and reflection beside it."""
@@ -89,6 +100,12 @@ class GrpcApp:
         self.port = 0
         self.health: HealthServicer | None = None
         self.server: grpc.aio.Server | None = None
+        self._monitor: asyncio.Task[None] | None = None
+        self._probe_now = asyncio.Event()
+        self._last_probe_error = ""
+        self._stopping = False
+        # One thread: a probe stuck on a black-holed database never stacks up others.
+        self._prober = ThreadPoolExecutor(max_workers=1, thread_name_prefix="health-probe")
 
     async def start(self) -> int:
         """Builds the server on the running event loop and starts listening."""
@@ -96,6 +113,7 @@ class GrpcApp:
         self.health = HealthServicer()
         interceptors: list[grpc.aio.ServerInterceptor] = [
             DomainErrorInterceptor(),
+            DeadlineInterceptor(on_unavailable=self._probe_now.set),
             AuthInterceptor(settings.auth),
         ]
         if settings.metrics is not None:
@@ -134,16 +152,69 @@ class GrpcApp:
         if self.port == 0:
             raise OSError(f"cannot listen on {settings.listen}")
         await self.server.start()
-        for name in ("", self.unit.service_name):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        await self._set_health(await self._storage_ok())
+        self._monitor = asyncio.create_task(self._watch_storage())
         return self.port
+
+    async def _set_health(self, serving: bool) -> None:
+        assert self.health is not None
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", self.unit.service_name):
+            await self.health.set(name, status)
+
+    async def _storage_ok(self) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            await asyncio.wait_for(
+                loop.run_in_executor(self._prober, self.unit.probe),
+                self.settings.health_probe_timeout_s,
+            )
+        except Exception as exc:
+            # The reason only: the backend has logged the fault's details once already.
+            self._last_probe_error = getattr(exc, "reason", None) or type(exc).__name__
+            return False
+        return True
+
+    async def _watch_storage(self) -> None:
+        """Health follows the database: NOT_SERVING while `unit.probe()` fails (so
+        readiness takes the replica out), SERVING again once it answers."""
+        serving = True
+        while not self._stopping:
+            healthy = await self._storage_ok()
+            if healthy != serving:
+                if healthy:
+                    log.warning("%s: the database answers again: SERVING", self.unit.service_name)
+                else:
+                    log.error(
+                        "%s: the database cannot serve calls (%s): NOT_SERVING",
+                        self.unit.service_name,
+                        self._last_probe_error,
+                    )
+                await self._set_health(healthy)
+                serving = healthy
+            self._probe_now.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._probe_now.wait(), self.settings.health_probe_interval_s
+                )
 
     async def stop(self) -> None:
         """NOT_SERVING first (load balancers stop sending), then drain, then close storage."""
         assert self.health is not None and self.server is not None, "stop() before start()"
+        if self._monitor is not None:
+            # A flag as well as cancel(): Python 3.11's wait_for can swallow a
+            # cancellation that races its inner future's completion.
+            self._stopping = True
+            self._monitor.cancel()
+            await asyncio.wait({self._monitor}, timeout=self.settings.health_probe_timeout_s + 1)
         await self.health.enter_graceful_shutdown()
         await self.server.stop(self.settings.drain_grace_s)
         await asyncio.to_thread(self.unit.close)
+        self._prober.shutdown(wait=False)
 
     @property
     def address(self) -> str:
