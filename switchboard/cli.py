@@ -36,6 +36,7 @@ def _backoff(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[
 
 
 @click.group()
+@click.version_option(package_name="switchboard", prog_name="switchboard")
 @click.option(
     "--log-level",
     default="INFO",
