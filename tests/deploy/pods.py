@@ -98,11 +98,17 @@ class Container:
         return f"127.0.0.1:{self.host_ports[container_port]}"
 
     def wait_probes(self) -> None:
-        """Each probe's service SERVING, the startup probe within its failure budget."""
+        """Each probe's service SERVING, the startup probe within its failure budget;
+        a container that exits meanwhile fails at once, with its logs."""
         startup = self.workload.container.get("startupProbe", {})
         budget = float(startup.get("periodSeconds", 10)) * float(startup.get("failureThreshold", 3))
+        deadline = time.monotonic() + budget
         for probe in self.workload.probes:
-            status = wait_serving(self.address(probe.port), probe.service, timeout_s=budget)
+            status = ""
+            while status != "SERVING" and time.monotonic() < deadline:
+                state = self.state()
+                assert state.startswith("running"), f"{self.name} is {state}:\n{self.logs()}"
+                status = wait_serving(self.address(probe.port), probe.service, timeout_s=1.0)
             seen = f"{probe.kind} {probe.service!r}: {status} ({self.state()})"
             assert status == "SERVING", f"{self.name} {seen}\n{self.logs()}"
 

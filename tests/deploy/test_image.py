@@ -20,6 +20,8 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -197,9 +199,9 @@ def test_sqlite_layout_runs_as_specified_and_keeps_its_data_across_a_restart(
         second.remove()
 
 
-@pytest.fixture
-def database() -> Iterator[str]:
-    """A fresh, empty Postgres database for one test; dropped afterwards."""
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """A fresh, empty Postgres database; dropped afterwards."""
     reason = postgres_unreachable_reason()
     if reason and engines.docker_required():
         pytest.fail(reason)
@@ -221,6 +223,12 @@ def database() -> Iterator[str]:
         admin.close()
 
 
+@pytest.fixture
+def database() -> Iterator[str]:
+    with fresh_database() as url:
+        yield url
+
+
 def _free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     for sock in sockets:
@@ -240,18 +248,18 @@ def _replica(
     return start(engine, workload, image, environment, host_ports=ports, label=label)
 
 
-def _replicas(engine: engines.Engine, image: str, url: str) -> dict[str, Container]:
-    return {
-        f"{which}-{n}": _replica(
-            engine,
-            WORKLOADS[f"postgres/{which}"],
-            image,
-            url,
-            f"{which}-{n}-{uuid.uuid4().hex[:6]}",
-        )
-        for n in (1, 2)
-        for which in ("session", "delivery")
-    }
+def _replicas_at_once(engine: engines.Engine, image: str, url: str) -> dict[str, Container]:
+    """Two replicas of each Postgres workload, all `docker run` at the same moment."""
+    keys = [f"{which}-{n}" for n in (1, 2) for which in ("session", "delivery")]
+    with ThreadPoolExecutor(len(keys)) as pool:
+        futures = {
+            key: pool.submit(
+                _replica, engine, WORKLOADS[f"postgres/{key.split('-')[0]}"], image, url,
+                f"{key}-{uuid.uuid4().hex[:6]}",
+            )
+            for key in keys
+        }  # fmt: skip
+    return {key: future.result() for key, future in futures.items()}
 
 
 def _calls_across_replicas(replicas: dict[str, Container]) -> None:
@@ -300,18 +308,31 @@ def test_postgres_layout_runs_two_replicas_of_each_on_one_database(
             container.remove()
 
 
+# The race does not strike every time: three rounds, each on a new empty database.
+TOGETHER_ROUNDS = 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="replicas started together on an empty Postgres database race in CREATE TABLE "
+    "(unique violation on pg_type_typname_nsp_index / pg_class_relname_nsp_index) and exit; "
+    "issue 10's migrations under an advisory lock fix it: drop this mark when they land",
+)
 def test_replicas_started_together_on_an_empty_database(
-    engine: engines.Engine, image: Built, database: str
+    engine: engines.Engine, image: Built
 ) -> None:
-    replicas = _replicas(engine, image.image, database)
-    try:
-        for container in replicas.values():
-            container.wait_probes()
-        _calls_across_replicas(replicas)
-        _stop_in_grace(list(replicas.values()))
-    finally:
-        for container in replicas.values():
-            container.remove()
+    for _round in range(TOGETHER_ROUNDS):
+        with fresh_database() as database:
+            replicas = _replicas_at_once(engine, image.image, database)
+            try:
+                for container in replicas.values():
+                    container.wait_probes()
+                _calls_across_replicas(replicas)
+                _stop_in_grace(list(replicas.values()))
+            finally:
+                for container in replicas.values():
+                    container.remove()
 
 
 def test_the_build_context_of_a_checkout_holds_only_sources(
