@@ -4,8 +4,10 @@
     python3 dev.py serve    # both services on SQLite under ./var, addresses printed
     python3 dev.py test     # the whole test suite (lint, types, contracts, both backends)
 
-Each creates ./.venv on first use and reinstalls the project there whenever
-pyproject.toml or a .proto file changes (the gRPC stubs are generated at install).
+Each creates ./.venv on first use and installs both distributions there, editable:
+switchboard-client (clients/python, whose install generates the gRPC stubs into
+switchboard/) and switchboard with its dev tools; it reinstalls them whenever a
+pyproject.toml, VERSION or a .proto file changes.
 Arguments after the command are passed on (`python3 dev.py test -k claim`).
 """
 
@@ -22,11 +24,14 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 STAMP = VENV / ".switchboard-installed"
+CLIENT = ROOT / "clients" / "python"
+CLIENT_INPUTS = [CLIENT / "pyproject.toml", CLIENT / "hatch_build.py"]
 
 
 def _inputs_digest() -> str:
     digest = hashlib.sha256()
-    for path in [ROOT / "pyproject.toml", *sorted((ROOT / "protos").rglob("*.proto"))]:
+    inputs = [ROOT / "pyproject.toml", ROOT / "VERSION", *CLIENT_INPUTS]
+    for path in [*inputs, *sorted((ROOT / "protos").rglob("*.proto"))]:
         digest.update(path.relative_to(ROOT).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -41,7 +46,7 @@ def ensure_environment() -> Path:
         venv.EnvBuilder(with_pip=True).create(VENV)
     wanted = _inputs_digest()
     if not STAMP.exists() or STAMP.read_text() != wanted:
-        print("dev.py: installing switchboard and its dev tools into .venv", flush=True)
+        print("dev.py: installing switchboard-client, switchboard and its dev tools", flush=True)
         subprocess.run(
             [
                 str(python),
@@ -50,6 +55,8 @@ def ensure_environment() -> Path:
                 "install",
                 "--quiet",
                 "--disable-pip-version-check",
+                "-e",
+                str(CLIENT),
                 "-e",
                 f"{ROOT}[dev]",
             ],

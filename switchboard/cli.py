@@ -50,6 +50,7 @@ class _Commands(click.Group):
 
 
 @click.group(cls=_Commands)
+@click.version_option(package_name="switchboard", prog_name="switchboard")
 @click.option(
     "--log-level",
     default="INFO",

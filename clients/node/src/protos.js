@@ -11,15 +11,19 @@ import * as protoLoader from '@grpc/proto-loader';
 /** The package's own directory (the one holding package.json). */
 export const PACKAGE_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 
+/** The vendored google/rpc protos (status, error_details, code), and in a packed
+ * package (npm pack copies them, see scripts/protos.js) the Switchboard protos. */
+export const VENDORED_PROTO_DIR = path.join(PACKAGE_DIR, 'protos');
+
 /**
  * Where the Switchboard protos are read from unless told otherwise: the
- * repository's `protos/` folder, two levels above this package. Override it
- * with the `protoDir` client option or the SWITCHBOARD_PROTO_DIR variable.
+ * package's own `protos/` when it holds them (an installed package), else the
+ * repository's `protos/` two levels above (a checkout). Override it with the
+ * `protoDir` client option or the SWITCHBOARD_PROTO_DIR variable.
  */
-export const DEFAULT_PROTO_DIR = path.resolve(PACKAGE_DIR, '../../protos');
-
-/** The vendored google/rpc protos (status, error_details, code). */
-export const VENDORED_PROTO_DIR = path.join(PACKAGE_DIR, 'protos');
+export const DEFAULT_PROTO_DIR = existsSync(path.join(VENDORED_PROTO_DIR, 'switchboard'))
+  ? VENDORED_PROTO_DIR
+  : path.resolve(PACKAGE_DIR, '../../protos');
 
 export const SESSION_PROTO = 'switchboard/session/v1/session_service.proto';
 export const DELIVERY_PROTO = 'switchboard/delivery/v1/delivery_service.proto';

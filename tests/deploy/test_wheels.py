@@ -1,0 +1,214 @@
+"""The wheels users install, tested installed: built from the tracked files only, put
+into fresh venvs outside the checkout (one with only the client, one with the server),
+run from an empty directory, and the client-side suite run against them.
+
+The editable install in .venv hid a wheel without `session_service` once; these tests
+fail when a module, a stub or a runtime dependency is missing from either wheel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.artefacts import (
+    CLIENT_PACKAGE,
+    ROOT,
+    SERVER_PACKAGES,
+    STUB_SUFFIXES,
+    Venv,
+    Wheels,
+    build_wheels,
+    clean_environment,
+    copy_tracked_tree,
+    make_venv,
+    pinned,
+    run,
+    serve_all,
+    tracked_files,
+    wait_serving,
+)
+
+pytestmark = pytest.mark.slow
+
+VERSION = (ROOT / "VERSION").read_text().strip()
+CLIENT_CALLS = Path(__file__).with_name("client_calls.py")
+
+
+@dataclass
+class Installed:
+    tree: Path
+    wheels: Wheels
+    client_venv: Venv
+    server_venv: Venv
+    install_seconds: float
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
+    base = tmp_path_factory.mktemp("installed")
+    tree = copy_tracked_tree(base / "tree")
+    wheels = build_wheels(tree, base / "dist")
+    started = time.monotonic()
+    client_venv = make_venv(base / "client-venv", wheels.client)
+    server_venv = make_venv(
+        base / "server-venv", wheels.server, wheels.client, *pinned("pytest", "pytest-timeout")
+    )
+    print(
+        f"\nwheels built in {wheels.build_seconds:.1f} s "
+        f"(server {wheels.server.stat().st_size / 1024:.0f} KiB, "
+        f"client {wheels.client.stat().st_size / 1024:.0f} KiB); "
+        f"both venvs installed in {time.monotonic() - started:.1f} s"
+    )
+    yield Installed(tree, wheels, client_venv, server_venv, time.monotonic() - started)
+
+
+def _wheel_files(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return {name for name in archive.namelist() if ".dist-info/" not in name}
+
+
+def _imports_from(venv: Venv, modules: list[str]) -> dict[str, str]:
+    """Imports each module with the venv's python from an empty directory; their files."""
+    code = (
+        "import importlib, json, sys\n"
+        "print(json.dumps({m: importlib.import_module(m).__file__ for m in sys.argv[1:]}))"
+    )
+    output = run([venv.python, "-c", code, *modules], cwd=venv.root, env=clean_environment())
+    return dict(json.loads(output))
+
+
+def _module_names(files: set[str]) -> list[str]:
+    """Importable module names (not `__main__`: importing it runs the command line)."""
+    names = (name.removesuffix(".py").replace("/", ".") for name in files if name.endswith(".py"))
+    return sorted(name.removesuffix(".__init__") for name in names if "__main__" not in name)
+
+
+def test_every_tracked_module_is_in_exactly_one_wheel(installed: Installed) -> None:
+    server = _wheel_files(installed.wheels.server)
+    client = _wheel_files(installed.wheels.client)
+    assert not server & client, f"both wheels ship {sorted(server & client)}"
+    python = [name for name in tracked_files() if name.endswith(".py")]
+    server_modules = {name for name in python if name.split("/")[0] in SERVER_PACKAGES}
+    client_modules = {
+        name.removeprefix("clients/python/") for name in python if name.startswith(CLIENT_PACKAGE)
+    }
+    assert sorted(server_modules - server) == [], "tracked modules missing from the server wheel"
+    assert sorted(client_modules - client) == [], "tracked modules missing from the client wheel"
+    protos = installed.tree / "protos"
+    stubs = {
+        f"{proto.relative_to(protos).with_suffix('')}{suffix}"
+        for proto in protos.rglob("*.proto")
+        for suffix in STUB_SUFFIXES
+    }
+    assert stubs, "no protos found"
+    assert sorted(stubs - client) == [], "generated stubs missing from the client wheel"
+    assert "switchboard/__init__.py" not in client, (
+        "the client must ship switchboard/ as a namespace portion, not as a package"
+    )
+
+
+def test_client_only_install_imports_the_client_and_nothing_of_the_server(
+    installed: Installed,
+) -> None:
+    venv = installed.client_venv
+    modules = _module_names(_wheel_files(installed.wheels.client))
+    origins = _imports_from(venv, modules)
+    site = str(venv.site_packages())
+    assert {name: path for name, path in origins.items() if not path.startswith(site)} == {}
+    absent = (
+        "import importlib.util as u, json\n"
+        "names = ['session_service', 'delivery_service', 'switchboard.cli', 'peewee',"
+        " 'psycopg2', 'grpc_tools', 'click']\n"
+        "print(json.dumps([n for n in names if u.find_spec(n) is not None]))"
+    )
+    present = json.loads(run([venv.python, "-c", absent], cwd=venv.root, env=clean_environment()))
+    assert present == [], f"the client-only venv has server parts: {present}"
+    assert "No broken requirements" in run([venv.python, "-m", "pip", "check"], cwd=venv.root)
+
+
+def test_full_install_imports_every_module_and_needs_no_code_generator(
+    installed: Installed,
+) -> None:
+    venv = installed.server_venv
+    files = _wheel_files(installed.wheels.server) | _wheel_files(installed.wheels.client)
+    origins = _imports_from(venv, _module_names(files))
+    site = str(venv.site_packages())
+    assert {name: path for name, path in origins.items() if not path.startswith(site)} == {}
+    generator = "import importlib.util as u; print(u.find_spec('grpc_tools') is None)"
+    assert run([venv.python, "-c", generator], cwd=venv.root).strip() == "True", (
+        "grpcio-tools must be a build dependency only"
+    )
+    assert "No broken requirements" in run([venv.python, "-m", "pip", "check"], cwd=venv.root)
+    shown = run([venv.bin / "switchboard", "--version"], cwd=venv.root).strip()
+    assert shown == f"switchboard, version {VERSION}"
+
+
+def test_installed_server_serves_from_an_empty_directory_and_stops_on_sigterm(
+    installed: Installed, tmp_path: Path
+) -> None:
+    workdir = tmp_path / "empty"
+    workdir.mkdir()
+    with serve_all(installed.server_venv.bin / "switchboard", workdir) as server:
+        session = server.addresses["SessionService"]
+        delivery = server.addresses["DeliveryService"]
+        assert wait_serving(session, "switchboard.session.v1.SessionService") == "SERVING"
+        assert wait_serving(delivery, "switchboard.delivery.v1.DeliveryService") == "SERVING"
+        # The calls go through the client-only venv: the client wheel alone must do.
+        output = run(
+            [installed.client_venv.python, CLIENT_CALLS, session, delivery, "wheel"],
+            cwd=workdir,
+            env=clean_environment(),
+        )
+        result = json.loads(output)
+        assert result["session"]["history"] == ["hello wheel"]
+        assert result["delivery"]["claimed"] == [result["delivery"]["recorded"]]
+        site = str(installed.client_venv.site_packages())
+        assert all(path.startswith(site) for path in result["modules"].values() if path != "None")
+        # The default data directory is ./var of wherever it was started.
+        assert {"delivery.sqlite3", "session.sqlite3"} <= set(os.listdir(workdir / "var"))
+        code = server.terminate()
+    assert code == 0, "".join(server.output)
+
+
+def test_client_side_suite_passes_against_the_installed_wheels(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """tests/clients with the server venv's python, from a directory holding only the
+    tests (and the pytest configuration): every import must resolve to the wheels."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    shutil.copytree(installed.tree / "tests", suite / "tests")
+    (suite / "pyproject.toml").write_bytes((installed.tree / "pyproject.toml").read_bytes())
+    origins_file = tmp_path / "origins.json"
+    result = subprocess.run(
+        [str(installed.server_venv.python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-p", "tests.deploy.import_origins", "tests/clients"],
+        cwd=suite,
+        env={**clean_environment(), "SWITCHBOARD_IMPORT_ORIGINS": str(origins_file)},
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    origins = json.loads(origins_file.read_text())
+    site = str(installed.server_venv.site_packages())
+    outside = {name: path for name, path in origins.items() if path and not path.startswith(site)}
+    assert outside == {}, "modules imported from outside the installed wheels"
+    for module in (
+        "switchboard_client.gateway",
+        "switchboard.session.v1.session_service_pb2",
+        "session_service.app",
+        "delivery_service.app",
+    ):
+        assert module in origins, f"{module} was never imported: the proof proves nothing"
