@@ -184,11 +184,13 @@ class LogStore:
         )  # fmt: skip
         self._timeline = Timeline()
         self._q = self.database.param
-        self._select_session, self._insert_session, self._update_session = self._row_sql(
+        self._select_session, self._upsert_session = self._row_sql(
             "session_session", _SESSION_COLUMNS
         )
-        self._select_agent, self._insert_agent, self._update_agent = self._row_sql(
-            "session_agent", _AGENT_COLUMNS
+        self._select_agent, self._upsert_agent = self._row_sql("session_agent", _AGENT_COLUMNS)
+        self._insert_events = self._sql(
+            "INSERT INTO session_log (seq, agent, session_id, kind, payload, tool_ref) "
+            "VALUES (?, ?, ?, ?, ?, ?)"
         )
 
     # -- the timeline -----------------------------------------------------------------------
@@ -345,16 +347,17 @@ class LogStore:
         rows = tuples(self.Checkpoint.select().order_by(self.Checkpoint.seq, self.Checkpoint.label))
         return [(str(label), int(seq), float(at)) for label, seq, at in rows]
 
-    def _row_sql(self, table: str, columns: Sequence[str]) -> tuple[str, str, str]:
-        """SELECT by key, INSERT and UPDATE by key of a projection row (key first)."""
+    def _row_sql(self, table: str, columns: Sequence[str]) -> tuple[str, str]:
+        """SELECT by key, and the upsert of a projection row (key first): one statement
+        with no row count to wait for, so it can travel with the log's INSERT."""
         key, rest = columns[0], columns[1:]
         return (
             self._sql(f"SELECT {', '.join(columns)} FROM {table} WHERE {key} = ?"),
             self._sql(
                 f"INSERT INTO {table} ({', '.join(columns)}) "
-                f"VALUES ({', '.join('?' for _ in columns)})"
+                f"VALUES ({', '.join('?' for _ in columns)}) ON CONFLICT ({key}) DO UPDATE SET "
+                + ", ".join(f"{c} = excluded.{c}" for c in rest)
             ),
-            self._sql(f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in rest)} WHERE {key} = ?"),
         )
 
     def _sql(self, text: str) -> str:
@@ -364,6 +367,11 @@ class LogStore:
 
     def head(self) -> int:
         return int(self.Head.get_by_id(1).seq)
+
+    def _write(self, sql: str, params: Sequence[Any]) -> None:
+        """A log INSERT or projection upsert: nothing reads its answer, so the backend
+        may send it with the transaction's next statement (`Backend.execute_later`)."""
+        self.backend.execute_later(sql, params)
 
     def lock_log(self) -> None:
         """Takes the log's write lock for the rest of the transaction; the runner calls
@@ -400,13 +408,8 @@ class LogStore:
                     _tool_ref(event),
                 )
             )
-        self.database.cursor().executemany(
-            self._sql(
-                "INSERT INTO session_log (seq, agent, session_id, kind, payload, tool_ref) "
-                "VALUES (?, ?, ?, ?, ?, ?)"
-            ),
-            rows,
-        )
+        for row in rows:
+            self._write(self._insert_events, row)
         return list(events)
 
     def read(
@@ -546,10 +549,7 @@ class LogStore:
         return AgentIndex(**{**fields, "archived": bool(fields["archived"])})
 
     def put_agent_index(self, index: AgentIndex) -> None:
-        values = [getattr(index, column) for column in _AGENT_COLUMNS]
-        updated = self.database.execute_sql(self._update_agent, [*values[1:], index.name])
-        if updated.rowcount == 0:
-            self.database.execute_sql(self._insert_agent, values)
+        self._write(self._upsert_agent, [getattr(index, column) for column in _AGENT_COLUMNS])
 
     def list_agents(self, after_name: str, limit: int, include_archived: bool) -> list[str]:
         query = self.Agent.select(self.Agent.name).where(self.Agent.name > after_name)
@@ -565,10 +565,7 @@ class LogStore:
         return SessionIndex(**{**fields, "resume_pending": bool(fields["resume_pending"])})
 
     def put_session_index(self, index: SessionIndex) -> None:
-        values = [getattr(index, column) for column in _SESSION_COLUMNS]
-        updated = self.database.execute_sql(self._update_session, [*values[1:], index.session_id])
-        if updated.rowcount == 0:
-            self.database.execute_sql(self._insert_session, values)
+        self._write(self._upsert_session, [getattr(index, column) for column in _SESSION_COLUMNS])
 
     def list_sessions(
         self,

@@ -150,17 +150,26 @@ class Sessions:
 
     # == the log ===========================================================================
 
-    def log(self, now: float, events: Sequence[pb.Event]) -> list[pb.Event]:
-        """Appends events and keeps the projections and snapshots with them."""
+    def log(
+        self, now: float, events: Sequence[pb.Event], session: SessionIndex | None = None
+    ) -> list[pb.Event]:
+        """Appends events and keeps the projections and snapshots with them. `session`:
+        the projection row of the events' session as the caller read it in this
+        transaction (under the log lock), so that it is not read again."""
         self._number_agent_events(events)
         logged = self.store.append(events, now)
-        self.project(logged, snapshot=True)
+        self.project(logged, snapshot=True, known=session)
         return logged
 
-    def project(self, events: Sequence[pb.Event], snapshot: bool = False) -> None:
+    def project(
+        self,
+        events: Sequence[pb.Event],
+        snapshot: bool = False,
+        known: SessionIndex | None = None,
+    ) -> None:
         """Updates the index rows and routes for logged events (also what a rebuild
         replays): each touched row is read once and written once per call."""
-        sessions: dict[str, SessionIndex] = {}
+        sessions: dict[str, SessionIndex] = {} if known is None else {known.session_id: known}
         agents: dict[str, AgentIndex] = {}
         for event in events:
             if event.session_id:
@@ -635,7 +644,7 @@ class Sessions:
                 getattr(event, name).CopyFrom(body)
                 events.append(event)
             self._refuse_state_growth_past_limit(session_id, events)
-            logged = self.log(now, events)
+            logged = self.log(now, events, index)
             return logged, index.version + len(events)
 
         result: tuple[list[pb.Event], int] = await self.write(op)
@@ -679,7 +688,7 @@ class Sessions:
             inbox_posted=pb.InboxPosted(message=message),
         )
         self._refuse_state_growth_past_limit(session_id, [posted])
-        return self.log(now, [posted])[0]
+        return self.log(now, [posted], index)[0]
 
     def _refuse_state_growth_past_limit(self, session_id: str, events: Sequence[pb.Event]) -> None:
         growth = sum(e.ByteSize() for e in events if e.WhichOneof("body") in _STATE_GROWING)

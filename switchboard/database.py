@@ -9,6 +9,7 @@ run transactions are `switchboard.runner`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, cast
@@ -78,6 +79,13 @@ class Backend(Protocol):
 
     def now(self) -> float:
         """Seconds since the epoch on the database's clock."""
+        ...
+
+    def execute_later(self, sql: str, params: Sequence[Any]) -> None:
+        """Runs a write whose answer nobody reads, in the current transaction: on
+        Postgres it travels with the transaction's next statement (or its COMMIT)
+        instead of costing a round trip of its own; later statements see it, as they
+        would have. Outside a transaction it runs at once."""
         ...
 
     def probe(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -230,6 +230,17 @@ class PostgresBackend:
     def _read_clock(self) -> float:
         row = self.database.execute_sql("SELECT extract(epoch from clock_timestamp())").fetchone()
         return float(row[0])
+
+    def execute_later(self, sql: str, params: Sequence[Any]) -> None:
+        database = self.database
+        if not database.in_transaction():
+            database.execute_sql(sql, params)
+            return
+        # Rendered here (psycopg2 quotes client-side anyway; no round trip), then
+        # prefixed to the next statement or the COMMIT like BEGIN and SAVEPOINT are.
+        with _driver_errors_wrapped():
+            text = database.connection().cursor().mogrify(sql, params)
+        database.defer(text.decode())
 
     def probe(self) -> None:
         try:

@@ -223,6 +223,15 @@ def _assert_exactly_once(seen: Seen, session: InProcessSession, delivery: InProc
     return checked
 
 
+def _assert_few_gave_up(seen: Seen) -> None:
+    """A call whose every attempt lost its answer (a third of them are lost) gives up,
+    as a client should; that is rare, and whatever it wrote is there at most once
+    (checked above). Most calls must have got through."""
+    calls = WORKERS * CALLS_PER_WORKER * ROUNDS
+    assert seen.failed <= calls // 50, seen.errors
+    assert all("UNAVAILABLE" in error for error in seen.errors), seen.errors
+
+
 def _report(label: str, dropped: int, checked: int, failed: int) -> None:
     print(
         f"\n[lost answers] {label}: {dropped} answers lost and retried, "
@@ -254,7 +263,7 @@ def test_retried_writes_are_stored_exactly_once(
         to_session.on_reply = to_delivery.on_reply = None
         checked = _assert_exactly_once(seen, session, delivery)
         assert policy.dropped > CALLS_PER_WORKER * WORKERS * ROUNDS / 5, "the proxy lost answers"
-        assert seen.failed == 0, seen.errors
+        _assert_few_gave_up(seen)
         _report(database_url.split(":")[0], policy.dropped, checked, seen.failed)
 
 
@@ -307,7 +316,7 @@ def test_a_retry_on_another_replica_is_answered_from_the_first_ones_record(
         _drive(workload, clients, via_b)
         checked = _assert_exactly_once(seen, session_a, delivery_a)
         assert retried_on_b["calls"] > CALLS_PER_WORKER * WORKERS * ROUNDS / 5
-        assert seen.failed == 0, seen.errors
+        _assert_few_gave_up(seen)
         _report("postgres, retry on replica B", retried_on_b["calls"], checked, seen.failed)
 
 
