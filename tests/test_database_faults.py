@@ -215,10 +215,11 @@ class _Replies:
 
 
 def test_round_trips_per_call(loop_thread: EventLoopThread) -> None:
-    """Round trips to Postgres per call, counted at a proxy: an append costs 7 (the log
-    lock, five statements of its own, COMMIT; it was 9), RecordObligation, MarkAttempting
-    and MarkDelivered 2 each (they were 4): BEGIN and savepoints travel with the next
-    statement, "now" is not a query, the pool does not ping at check-out."""
+    """Round trips to Postgres per call, counted at a proxy: an append costs 4 (the log
+    lock, the session row, the head, then its INSERT and projection upsert travel with
+    the COMMIT; it was 9), RecordObligation, MarkAttempting and MarkDelivered 2 each
+    (they were 4): BEGIN and savepoints travel with the next statement, "now" is not a
+    query, the pool does not ping at check-out."""
     replies = _Replies()
     with private_database() as db, TcpProxy(("127.0.0.1", 5432)) as proxy:
         proxy.on_reply = replies
@@ -244,7 +245,7 @@ def test_round_trips_per_call(loop_thread: EventLoopThread) -> None:
         f"round trips per call: AppendEvents {appends:.2f}, RecordObligation {records:.2f}, "
         f"MarkAttempting {marks:.2f}, MarkDelivered {delivered:.2f}"
     )
-    assert appends <= 7.5
+    assert appends <= 4.5
     assert max(records, marks, delivered) <= 2.5
 
 
