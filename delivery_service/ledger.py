@@ -146,6 +146,7 @@ class Ledger:
     def _validated(self, new: NewObligation) -> NewObligation:
         validation.routing_key("session_key", new.session_key)
         validation.text("message_ref", new.message_ref, max_len=256)
+        validation.no_separator("message_ref", new.message_ref)
         if not new.content:
             raise InvalidArgument("content", "is required")
         if "\x00" in new.content:

@@ -51,13 +51,26 @@ def path_safe_id(field: str, value: str, *, max_len: int = 128, required: bool =
 
 
 def routing_key(field: str, value: str, *, max_len: int = 512) -> str:
-    """A logical routing key: loose, '/' allowed inside."""
+    """A logical routing key (or a part of one): loose, '/' allowed inside; never '|',
+    which joins the parts of an obligation id (`delivery_service.records`)."""
     text(field, value, max_len=max_len, required=True)
     if ".." in value or value.startswith(("/", "\\")) or _DRIVE_PATH.match(value):
         raise InvalidArgument(
             field,
             "must not contain '..' or start with '/', '\\' or a drive letter",
             reason="UNSAFE_KEY",
+        )
+    no_separator(field, value)
+    return value
+
+
+def no_separator(field: str, value: str) -> str:
+    """Refuses '|': two different replies could otherwise share an obligation id."""
+    if "|" in value:
+        raise InvalidArgument(
+            field,
+            "must not contain '|' (it separates the parts of an obligation id)",
+            reason="RESERVED_CHARACTER",
         )
     return value
 

@@ -60,6 +60,16 @@ INVALID: dict[str, tuple[Call, str]] = {
     "platform with capitals": (_record(platform="Slack!"), "platform"),
     "missing chat_id": (_record(chat_id=""), "chat_id"),
     "very long message_ref": (_record(message_ref="m" * 5000), "message_ref"),
+    # Key "agent:main:web:a|r1" with ref "" and key "agent:main:web:a" with ref "r1|"
+    # would both hash "agent:main:web:a|r1||hi": one reply taken for the other.
+    "'|' in session_key": (
+        _record(session_key="agent:main:web:a|r1", message_ref=""),
+        "session_key",
+    ),
+    "'|' in message_ref": (
+        _record(session_key="agent:main:web:a", message_ref="r1|"),
+        "message_ref",
+    ),
     "too much metadata": (_record(metadata={f"k{i}": "v" for i in range(100)}), "metadata"),
     "traversal instance_id": (_record(instance_id="../x"), "instance_id"),
     "empty instance_id": (_record(instance_id=""), "instance_id"),

@@ -60,6 +60,10 @@ INVALID: dict[str, tuple[Call, str]] = {
         lambda stub, _s: resolve(stub, transport="web", conversation_id="../../etc"),
         "source.conversation_id",
     ),
+    "'|' in a chat id (it would reach an obligation id through the session key)": (
+        lambda stub, _s: resolve(stub, transport="slack", chat_type=pb.CHAT_TYPE_DM, chat_id="a|b"),
+        "source.chat_id",
+    ),
     "join with traversal id": (
         lambda stub, _s: stub.ResolveSession(
             pb.ResolveSessionRequest(agent="main", session_id="../s")
