@@ -33,6 +33,8 @@ import psycopg2
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from switchboard.session.v1 import session_service_pb2 as spb
+from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
 from tests.harness import POSTGRES_URL
 
 PG_VERSION = "15"
@@ -290,3 +292,30 @@ def wait_for_health(address: str, services: tuple[str, ...], want: str, timeout_
         time.sleep(0.1)
     seen = {name: health_status(address, name) for name in services}
     raise AssertionError(f"health did not become {want} within {timeout_s:g} s: {seen}")
+
+
+def appender(
+    stub: spb_grpc.SessionServiceStub, threads: int, timeout_s: float = 5.0
+) -> Callable[[int, int], int]:
+    """Agent "main" with one web session per load thread, and `append(thread, n)`,
+    which appends one message and returns its sequence (what `Load` drives)."""
+    stub.CreateAgent(spb.CreateAgentRequest(agent=spb.Agent(name="main")))
+    sessions = [
+        stub.ResolveSession(
+            spb.ResolveSessionRequest(
+                agent="main", source=spb.Source(transport="web", conversation_id=f"tab-{i}")
+            )
+        ).session.session_id
+        for i in range(threads)
+    ]
+
+    def append(index: int, n: int) -> int:
+        message = spb.Message(role=spb.ROLE_USER, content=f"m-{index}-{n}")
+        request = spb.AppendEventsRequest(
+            agent="main",
+            session_id=sessions[index],
+            events=[spb.SessionEventInput(message_appended=spb.MessageAppended(message=message))],
+        )
+        return stub.AppendEvents(request, timeout=timeout_s).events[0].sequence
+
+    return append

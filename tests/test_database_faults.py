@@ -19,8 +19,6 @@ import pytest
 
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
-from switchboard.session.v1 import session_service_pb2 as spb
-from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
 from tests.harness import (
     EventLoopThread,
     Gateway,
@@ -28,8 +26,7 @@ from tests.harness import (
     postgres_unreachable_reason,
     session_server,
 )
-from tests.pg_faults import Load, PrivateDatabase, private_database, wait_for_health
-from tests.session.conftest import create_agent, resolve, user_message, web
+from tests.pg_faults import Load, PrivateDatabase, appender, private_database, wait_for_health
 from tests.status import error_reason
 from tests.tcp_proxy import Link, TcpProxy
 
@@ -66,19 +63,6 @@ def _recorder(stub: dpb_grpc.DeliveryServiceStub, threads: int, tag: str) -> Any
     return record
 
 
-def _appender(stub: spb_grpc.SessionServiceStub, threads: int, timeout_s: float) -> Any:
-    create_agent(stub)
-    sessions = [resolve(stub, **web(f"tab-{i}")).session.session_id for i in range(threads)]
-
-    def append(index: int, n: int) -> int:
-        request = spb.AppendEventsRequest(
-            agent="main", session_id=sessions[index], events=[user_message(f"m-{index}-{n}")]
-        )
-        return stub.AppendEvents(request, timeout=timeout_s).events[0].sequence
-
-    return append
-
-
 def _assert_all_stored(db: PrivateDatabase, appends: Load, obligations: Load | None) -> None:
     logged = {row[0] for row in db.sql("SELECT seq FROM session_log")}
     missing_appends = [seq for seq in appends.acknowledged if seq not in logged]
@@ -101,7 +85,7 @@ def test_terminated_connections_answer_unavailable_and_lose_nothing(
         session_server(loop_thread, db.url) as sessions,
     ):
         record = _recorder(delivery.stub, 3, "kill")
-        append = _appender(sessions.stub, 3, CALL_TIMEOUT_S)
+        append = appender(sessions.stub, 3, CALL_TIMEOUT_S)
         recoveries: list[float] = []
         with Load(record, threads=3) as obligations, Load(append, threads=3) as appends:
             for _ in range(3):
@@ -176,7 +160,7 @@ def test_a_black_holed_database_is_survived(loop_thread: EventLoopThread) -> Non
         TcpProxy(("127.0.0.1", 5432)) as proxy,
         session_server(loop_thread, db.url.replace("127.0.0.1:5432", proxy.address)) as srv,
     ):
-        append = _appender(srv.stub, 4, timeout_s=2.0)
+        append = appender(srv.stub, 4, timeout_s=2.0)
         with Load(append, threads=4) as appends:
             _wait(lambda: appends.ok_count() >= 20, "appends before the black hole")
             proxy.blackhole = True
@@ -226,7 +210,7 @@ def test_round_trips_per_call(loop_thread: EventLoopThread) -> None:
         url = db.url.replace("127.0.0.1:5432", proxy.address)
         quiet = 3600.0  # no health probes between the counted calls
         with session_server(loop_thread, url, health_probe_interval_s=quiet) as sessions:
-            append = _appender(sessions.stub, 1, CALL_TIMEOUT_S)
+            append = appender(sessions.stub, 1, CALL_TIMEOUT_S)
             append(0, 0)
             appends = replies.per_call(20, lambda n: append(0, n))
         with delivery_server(loop_thread, url, health_probe_interval_s=quiet) as delivery:

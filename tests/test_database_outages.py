@@ -18,18 +18,17 @@ import pytest
 
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
-from switchboard.session.v1 import session_service_pb2 as spb
 from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
 from tests.harness import ServerProcess, postgres_unreachable_reason
 from tests.pg_faults import (
     Load,
     PrivateDatabase,
+    appender,
     private_cluster,
     private_database,
     require_private_cluster,
     wait_for_health,
 )
-from tests.session.conftest import user_message
 
 _DOWN = postgres_unreachable_reason()
 pytestmark = [
@@ -76,27 +75,6 @@ def _recorder(channel: grpc.Channel, threads: int) -> Any:
     return record
 
 
-def _appender(channel: grpc.Channel, threads: int) -> Any:
-    stub = spb_grpc.SessionServiceStub(channel)
-    stub.CreateAgent(spb.CreateAgentRequest(agent=spb.Agent(name="main")))
-    sessions = [
-        stub.ResolveSession(
-            spb.ResolveSessionRequest(
-                agent="main", source=spb.Source(transport="web", conversation_id=f"tab-{i}")
-            )
-        ).session.session_id
-        for i in range(threads)
-    ]
-
-    def append(index: int, n: int) -> int:
-        request = spb.AppendEventsRequest(
-            agent="main", session_id=sessions[index], events=[user_message(f"m-{index}-{n}")]
-        )
-        return stub.AppendEvents(request, timeout=5).events[0].sequence
-
-    return append
-
-
 def _stored_ids(url: str, sql: str) -> set[Any]:
     connection = psycopg2.connect(url, connect_timeout=5)
     try:
@@ -137,7 +115,9 @@ def test_a_ten_second_outage_fails_fast_and_recovers(tmp_path: Path) -> None:
     """ALLOW_CONNECTIONS false plus terminating its backends, for 10 s, then back."""
     with private_database() as db, _server(db.url, tmp_path, "session") as server:
         channel = grpc.insecure_channel(server.address)
-        with Load(_appender(channel, 3), threads=3, pause_s=0.02) as appends:
+        with Load(
+            appender(spb_grpc.SessionServiceStub(channel), 3), threads=3, pause_s=0.02
+        ) as appends:
             _wait(lambda: appends.ok_count() >= 30, "appends before the outage")
             db.refuse_connections()
             went_at = time.monotonic()

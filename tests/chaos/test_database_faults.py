@@ -87,6 +87,7 @@ def _appender(service: Service) -> Callable[[int, int], int]:
         request = spb.AppendEventsRequest(
             agent="main", session_id=sessions[index], events=[user_message(f"m-{index}-{n}")]
         )
+        # The channel of now: a SIGKILLed service comes back on another port.
         stub_now = spb_grpc.SessionServiceStub(service.channel)
         return stub_now.AppendEvents(request, timeout=5).events[0].sequence
 
