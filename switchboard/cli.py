@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from switchboard import migrations, operators
 from switchboard.auth import parse_tokens
-from switchboard.database import DatabaseSettings, StartupRefused
+from switchboard.database import Backend, DatabaseSettings, StartupRefused
 from switchboard.observability import (
     RpcMetrics,
     StateCollector,
@@ -494,6 +495,23 @@ def _schemas(
     return chosen
 
 
+@contextmanager
+def _schema_backend(url: str) -> Iterator[Backend]:
+    """The database of one component for `db status|migrate`, closed after; a refused
+    schema or an unreachable database ends the command with one line, no traceback."""
+    from switchboard.database import open_backend
+
+    backend = open_backend(DatabaseSettings(url=url))
+    try:
+        yield backend
+    except migrations.SchemaError as refused:
+        raise click.ClickException(str(refused)) from refused
+    except peewee.OperationalError as unreachable:
+        raise click.ClickException(f"{_redacted(url)}: {unreachable}") from unreachable
+    finally:
+        backend.database.close()
+
+
 @db.command(name="status")
 @_schema_options
 def status_command(
@@ -502,20 +520,13 @@ def status_command(
     """Per component: the database's schema version, this code's, and what is pending."""
     from datetime import UTC, datetime
 
-    from switchboard.database import open_backend
-
     for component, url in _schemas(which, data_dir, session_database_url, delivery_database_url):
         path = Path(url.removeprefix("sqlite:///"))
         if url.startswith("sqlite:///") and not path.exists():  # reading must not create it
             click.echo(f"{component.name}: no database file at {path} (`db migrate` creates it)")
             continue
-        backend = open_backend(DatabaseSettings(url=url))
-        try:
+        with _schema_backend(url) as backend:
             found = migrations.status(backend, component)
-        except peewee.OperationalError as unreachable:
-            raise click.ClickException(f"{_redacted(url)}: {unreachable}") from unreachable
-        finally:
-            backend.database.close()
         verdict = (
             "up to date"
             if found.database_version == found.code_version
@@ -543,18 +554,9 @@ def migrate_command(
     which: str, data_dir: Path, session_database_url: str | None, delivery_database_url: str | None
 ) -> None:
     """Apply the pending migrations (what `serve` does at start unless --no-migrate)."""
-    from switchboard.database import open_backend
-
     for component, url in _schemas(which, data_dir, session_database_url, delivery_database_url):
-        backend = open_backend(DatabaseSettings(url=url))
-        try:
+        with _schema_backend(url) as backend:
             report = migrations.migrate(backend, component)
-        except migrations.SchemaError as refused:
-            raise click.ClickException(str(refused)) from refused
-        except peewee.OperationalError as unreachable:
-            raise click.ClickException(f"{_redacted(url)}: {unreachable}") from unreachable
-        finally:
-            backend.database.close()
         if not report.applied:
             click.echo(f"{component.name}: already at version {report.to_version}")
             continue

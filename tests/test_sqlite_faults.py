@@ -113,6 +113,17 @@ def fill(disk: Path) -> Path:
     return filler
 
 
+def record_until_refused(gateway: Gateway, acknowledged: list[str]) -> grpc.RpcError | None:
+    """Records big replies until one is refused (the WAL may still have room for a few);
+    appends the acknowledged ids; returns the refusal, or None after 40 tries."""
+    for n in range(len(acknowledged), 40):
+        try:
+            acknowledged.append(gateway.record(BIG_REPLY, message_ref=f"m{n}").obligation.id)
+        except grpc.RpcError as refused:
+            return refused
+    return None
+
+
 def test_a_full_disk_answers_resource_exhausted_and_service_resumes_when_space_returns(
     loop_thread: EventLoopThread, tmp_path: Path
 ) -> None:
@@ -124,15 +135,7 @@ def test_a_full_disk_answers_resource_exhausted_and_service_resumes_when_space_r
                 gateway.record(BIG_REPLY, message_ref=f"m{n}").obligation.id for n in range(3)
             ]
             filler = fill(disk)
-            error = None
-            for n in range(3, 40):  # the WAL may still have room for a few
-                try:
-                    acknowledged.append(
-                        gateway.record(BIG_REPLY, message_ref=f"m{n}").obligation.id
-                    )
-                except grpc.RpcError as failed:
-                    error = failed
-                    break
+            error = record_until_refused(gateway, acknowledged)
             assert error is not None, "writes kept succeeding on a full disk"
             assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
             assert error_reason(error) == "DATABASE_DISK_FULL"
@@ -219,15 +222,7 @@ def test_an_io_error_answers_unavailable_and_service_resumes(tmp_path: Path) -> 
             acknowledged = [gateway.record(BIG_REPLY, message_ref="m0").obligation.id]
             largest = max(f.stat().st_size for f in tmp_path.glob("ledger.sqlite3*"))
             resource.prlimit(pid, resource.RLIMIT_FSIZE, (largest + 65536, resource.RLIM_INFINITY))
-            error = None
-            for n in range(1, 40):  # the WAL may still have room for a few
-                try:
-                    acknowledged.append(
-                        gateway.record(BIG_REPLY, message_ref=f"m{n}").obligation.id
-                    )
-                except grpc.RpcError as failed:
-                    error = failed
-                    break
+            error = record_until_refused(gateway, acknowledged)
             assert error is not None, "writes kept succeeding past the file size limit"
             assert error.code() == grpc.StatusCode.UNAVAILABLE, error
             assert error_reason(error) == "DATABASE_IO_ERROR"
