@@ -1,11 +1,12 @@
 """Bearer-token authentication and agent scopes, for both services.
 
 Tokens come from configuration as `TOKEN=SCOPE` pairs separated by ";":
-`admin` may call anything; `agents:a,b` may call the SessionService for those
-agents and the DeliveryService's gateway calls. Operator calls (rewind,
-truncation, agent administration, ledger repair) need `admin`. Health checks
-and reflection carry no token (kubelet probes cannot send one) and are exempt.
-With no tokens configured, authentication is off (the local default).
+`admin` may call anything; `agents:a,b` acts for those agents; `gateway:NAME:a,b`
+acts for those agents as the gateway (bot account) NAME, and may register
+instances of that gateway only. Operator calls (rewind, truncation, agent
+administration, ledger repair) need `admin`. Health checks and reflection carry
+no token (kubelet probes cannot send one) and are exempt. With no tokens
+configured, authentication is off (the local default).
 """
 
 from __future__ import annotations
@@ -39,28 +40,41 @@ AGENT_FIELDS = ("agent", "to_agent", "name")
 class Grant:
     admin: bool = False
     agents: frozenset[str] = frozenset()
+    #: Set for a gateway token: the one gateway name its instances may register under.
+    gateway: str = ""
 
     @property
     def principal(self) -> str:
-        """Who the caller is, for scoping request ids: the grant's scope, never the
-        token (tokens of one scope may do the same, so they may share answers; a
-        rotated token keeps its retries). Long scopes are digested."""
+        """Who the caller is, for scoping request ids and owning instances: the
+        grant's scope, never the token (tokens of one scope may do the same, so they
+        may share answers; a rotated token keeps its retries). Long scopes are digested."""
         if self.admin:
             return "admin"
-        scope = "agents:" + ",".join(sorted(self.agents))
+        kind = f"gateway:{self.gateway}:" if self.gateway else "agents:"
+        scope = kind + ",".join(sorted(self.agents))
         if len(scope) <= 128:
             return scope
-        return "agents#" + hashlib.sha256(scope.encode()).hexdigest()
+        return kind.rstrip(":") + "#" + hashlib.sha256(scope.encode()).hexdigest()
+
+    def may_act_for(self, agent: str) -> bool:
+        return self.admin or agent in self.agents
 
 
-#: The principal of the call being served ("" with authentication off).
-_PRINCIPAL: contextvars.ContextVar[str] = contextvars.ContextVar(
-    "switchboard_principal", default=""
+#: The grant of the call being served (None with authentication off).
+_GRANT: contextvars.ContextVar[Grant | None] = contextvars.ContextVar(
+    "switchboard_grant", default=None
 )
 
 
+def current_grant() -> Grant | None:
+    """The caller's grant; None when authentication is off (everything is allowed)."""
+    return _GRANT.get()
+
+
 def current_principal() -> str:
-    return _PRINCIPAL.get()
+    """The caller's principal ("" with authentication off)."""
+    grant = _GRANT.get()
+    return "" if grant is None else grant.principal
 
 
 def parse_tokens(spec: str) -> dict[str, Grant]:
@@ -73,11 +87,19 @@ def parse_tokens(spec: str) -> dict[str, Grant]:
         if scope == "admin":
             grants[token] = Grant(admin=True)
         elif scope.startswith("agents:"):
-            names = frozenset(filter(None, scope.removeprefix("agents:").split(",")))
-            grants[token] = Grant(agents=names)
+            grants[token] = Grant(agents=_names(scope.removeprefix("agents:")))
+        elif scope.startswith("gateway:"):
+            gateway, _, agents = scope.removeprefix("gateway:").partition(":")
+            if not gateway or not agents:
+                raise ValueError(f"gateway scope {scope!r}: use gateway:NAME:a,b")
+            grants[token] = Grant(agents=_names(agents), gateway=gateway)
         else:
-            raise ValueError(f"unknown scope {scope!r}: use admin or agents:a,b")
+            raise ValueError(f"unknown scope {scope!r}: use admin, agents:a,b or gateway:NAME:a,b")
     return grants
+
+
+def _names(listed: str) -> frozenset[str]:
+    return frozenset(filter(None, (name.strip() for name in listed.split(","))))
 
 
 def _agents_named(request: Any) -> set[str]:
@@ -132,11 +154,11 @@ class AuthInterceptor(WrappingInterceptor):
             return behavior
 
         async def checked(request: Any, context: Any) -> Any:
-            principal = _PRINCIPAL.set(self._authorize(method, request, context).principal)
+            grant = _GRANT.set(self._authorize(method, request, context))
             try:
                 return await behavior(request, context)
             finally:
-                _PRINCIPAL.reset(principal)
+                _GRANT.reset(grant)
 
         return checked
 
@@ -147,7 +169,9 @@ class AuthInterceptor(WrappingInterceptor):
             return behavior
 
         async def checked(request: Any, context: Any) -> AsyncIterator[Any]:
-            self._authorize(method, request, context)
+            # Each streaming call runs in its own task and context: nothing to reset
+            # (resetting in a generator's finally can run in another context).
+            _GRANT.set(self._authorize(method, request, context))
             async for response in behavior(request, context):
                 yield response
 
