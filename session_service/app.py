@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 import grpc
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from session_service import recovery
+from session_service import pii, recovery
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
 from session_service.servicer import SessionServicer
@@ -20,6 +21,7 @@ from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
 
 SERVICE_NAME = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
+log = logging.getLogger(__name__)
 
 
 class SessionUnit:
@@ -33,16 +35,27 @@ class SessionUnit:
         limits: SessionLimits | None = None,
         *,
         migrate: bool = True,
+        pii_key: bytes | None = None,
     ) -> None:
         """`migrate`: apply pending schema migrations (off: refuse to start when behind).
-        Raises `switchboard.migrations.SchemaError` when the schema cannot be used."""
+        `pii_key`: the secret that hashes the ids of agents with `redact_pii` (None:
+        unkeyed, warned about). Raises `switchboard.migrations.SchemaError` when the
+        schema cannot be used, `pii.PiiKeyRefused` for a key too short."""
         self.limits = limits or SessionLimits()
+        redactor = pii.Redactor(pii_key)
+        if not redactor.keyed:
+            log.warning(pii.UNKEYED_WARNING)
         backend = open_backend(database)
         migrations.prepare(backend, SESSION_SCHEMA, migrate_behind=migrate)
         self.store = LogStore(backend)
         self.runner = TransactionRunner(backend, database, begin_write=self.store.lock_log)
-        self.requests = RequestStore(backend, SESSION_REQUESTS, self.limits.request_id_window_s)
-        self.sessions = Sessions(self.runner, self.store, self.limits)
+        self.requests = RequestStore(
+            backend,
+            SESSION_REQUESTS,
+            self.limits.request_id_window_s,
+            fingerprint_key=redactor.fingerprint_key(),
+        )
+        self.sessions = Sessions(self.runner, self.store, self.limits, redactor)
         self.head = recovery.verify(self.sessions)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:

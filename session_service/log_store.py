@@ -453,10 +453,16 @@ class LogStore:
         return max(projected, int(count))
 
     def entity_events(
-        self, entity: str, after_seq: int, until: int | None = None
+        self,
+        entity: str,
+        after_seq: int,
+        until: int | None = None,
+        timeline: Timeline | None = None,
     ) -> list[pb.Event]:
         _, where, key = _entity_filter(entity)
-        active, active_params = self._active_sql("seq", self.timeline())
+        active, active_params = self._active_sql(
+            "seq", self.timeline() if timeline is None else timeline
+        )
         bound = "" if until is None else " AND seq <= ?"
         sql = (
             self._sql(f"SELECT payload FROM session_log WHERE {where} AND seq > ?{bound}")
@@ -483,10 +489,12 @@ class LogStore:
 
     # -- snapshots --------------------------------------------------------------------------
 
-    def latest_snapshot(self, entity: str, until: int | None = None) -> tuple[int, bytes] | None:
+    def latest_snapshot(
+        self, entity: str, until: int | None = None, timeline: Timeline | None = None
+    ) -> tuple[int, bytes] | None:
         """The newest snapshot whose sequence is active: one taken at a sequence a
         rewind later abandoned describes a state that no longer exists."""
-        active, params = self._active_sql("seq", self.timeline())
+        active, params = self._active_sql("seq", self.timeline() if timeline is None else timeline)
         bound = "" if until is None else " AND seq <= ?"
         sql = (
             self._sql(f"SELECT seq, state FROM session_snapshot WHERE entity = ?{bound}")
@@ -522,12 +530,13 @@ class LogStore:
         until: int | None = None,
     ) -> S | None:
         """Latest snapshot + the entity's later events (up to `until`); None for an
-        entity with neither."""
-        snapshot = self.latest_snapshot(entity, until)
+        entity with neither. Three statements: the timeline's head, the snapshot, the tail."""
+        timeline = self.timeline()
+        snapshot = self.latest_snapshot(entity, until, timeline)
         after, state = (
             (0, None) if snapshot is None else (snapshot[0], kind.FromString(snapshot[1]))
         )
-        tail = self.entity_events(entity, after, until)
+        tail = self.entity_events(entity, after, until, timeline)
         if state is None:
             if not tail:
                 return None

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from session_service import permissions, routing
+from session_service import permissions, pii, routing
 from session_service.sessions import (
     Sessions,
     agent_name,
@@ -156,6 +156,17 @@ class MultiAgent:
 
     # -- other agents -----------------------------------------------------------------------
 
+    def _redacts_between(self, sender: str, receiver: pb.Agent, message: pb.Message) -> bool:
+        """Whether a message between agents is stored with its sender hashed: when
+        either agent redacts PII (the receiver stores it; the sender's users were
+        promised their ids are not kept). The sender's agent is read only when the
+        receiver does not redact and the sender id is raw."""
+        if receiver.settings.redact_pii:
+            return True
+        if not pii.sender_is_raw(message.sender):
+            return False
+        return self.sessions.redacts_pii(sender)
+
     async def delegate(
         self, agent: str, session_id: str, to_agent: str, task: pb.Message, context: str
     ) -> tuple[pb.Session, bool]:
@@ -167,7 +178,7 @@ class MultiAgent:
         source = pb.Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
 
         def then(now: float) -> tuple[pb.Session, bool]:
-            self.sessions.live_agent(to_agent)
+            receiver = self.sessions.live_agent(to_agent)
             key = routing.routing_key(to_agent, source, pb.RoutingPolicy())
             existing = self.store.route(to_agent, key)
             created = existing is None
@@ -178,7 +189,8 @@ class MultiAgent:
                 existing = self.sessions.open_session(
                     now, to_agent, new_session_id(), key, source, lineage=lineage
                 ).session_id
-            self.sessions.post(now, to_agent, existing, task)
+            redact = self._redacts_between(agent, receiver, task)
+            self.sessions.post(now, to_agent, existing, task, redact)
             return self.sessions.summary(existing), created
 
         result: tuple[pb.Session, bool] = await self._gated(
@@ -207,10 +219,12 @@ class MultiAgent:
             raise InvalidArgument("target", "give the receiving session's source or id")
 
         def then(now: float) -> pb.Event:
-            settings = self.sessions.live_agent(to_agent).settings
+            receiver = self.sessions.live_agent(to_agent)
+            settings = receiver.settings
             target = to_session_id
             if source is not None:
-                stored = routing.stored_source(source, settings.redact_pii)
+                # The receiver's setting alone: its own gateway routes this chat so too.
+                stored = routing.stored_source(source, self.sessions.redactor_for(settings))
                 key = routing.routing_key(to_agent, stored, settings.routing)
                 target = (
                     self.store.route(to_agent, key)
@@ -218,7 +232,8 @@ class MultiAgent:
                         now, to_agent, new_session_id(), key, stored
                     ).session_id
                 )
-            return self.sessions.post(now, to_agent, target, message)
+            redact = self._redacts_between(agent, receiver, message)
+            return self.sessions.post(now, to_agent, target, message, redact)
 
         result: pb.Event = await self._gated(
             agent, session_id, "peer.send", f"agent:{to_agent}", then

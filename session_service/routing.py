@@ -8,13 +8,13 @@ Chat platforms (Hermes' rules):
   - Groups and channels get one session per member unless the agent shares
     them; threads are shared unless the agent isolates them per member.
 With PII redaction on, chat ids become `<platform>:<12 hex>` and user ids
-`user_<12 hex>` before the key is built, so raw ids never reach the database.
+`user_<12 hex>` (`session_service.pii`) before the key is built, so raw ids never
+reach the database.
 """
 
 from __future__ import annotations
 
-import hashlib
-
+from session_service.pii import Redactor
 from switchboard import validation
 from switchboard.errors import InvalidArgument
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -29,18 +29,6 @@ _CHAT_TYPE_NAMES = {
     pb.CHAT_TYPE_CHANNEL: "channel",
     pb.CHAT_TYPE_THREAD: "thread",
 }
-
-
-def hash_id(value: str) -> str:
-    return hashlib.sha256(value.encode("utf-8")).hexdigest()[:12]
-
-
-def redacted_user(user_id: str) -> str:
-    return f"user_{hash_id(user_id)}" if user_id else ""
-
-
-def redacted_chat(platform: str, chat_id: str) -> str:
-    return f"{platform}:{hash_id(chat_id)}" if chat_id else ""
 
 
 def checked_source(source: pb.Source) -> pb.Source:
@@ -60,13 +48,15 @@ def checked_source(source: pb.Source) -> pb.Source:
     return source
 
 
-def stored_source(source: pb.Source, redact: bool) -> pb.Source:
-    """The source as it may be stored: ids hashed when the agent redacts PII."""
+def stored_source(source: pb.Source, redactor: Redactor | None) -> pb.Source:
+    """The source as it may be stored: its chat and user ids hashed by `redactor`
+    (given when the agent redacts PII). Thread, scope and conversation ids name
+    places, not people, and stay as they are."""
     stored = pb.Source()
     stored.CopyFrom(source)
-    if redact and source.transport not in NON_CHAT_TRANSPORTS:
-        stored.chat_id = redacted_chat(source.transport, source.chat_id)
-        stored.user_id = redacted_user(source.user_id)
+    if redactor is not None and source.transport not in NON_CHAT_TRANSPORTS:
+        stored.chat_id = redactor.chat(source.transport, source.chat_id)
+        stored.user_id = redactor.user(source.user_id)
     return stored
 
 

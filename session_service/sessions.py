@@ -17,7 +17,7 @@ from typing import Any
 
 from google.protobuf import field_mask_pb2
 
-from session_service import freshness, permissions, replay, routing
+from session_service import freshness, permissions, pii, replay, routing
 from session_service.log_store import (
     AgentIndex,
     LogStore,
@@ -49,6 +49,8 @@ MAX_AGENT_BYTES = 1024 * 1024
 MAX_SESSION_STATE_BYTES = 2 * 1024 * 1024
 #: The events that make a session's state bigger; history messages do not enter it.
 _STATE_GROWING = frozenset({"inbox_posted", "outbox_queued", "task_set", "temp_state_changed"})
+#: The events that carry a message, whose sender is a platform user id.
+_CARRYING_MESSAGES = ("message_appended", "outbox_queued", "inbox_posted")
 
 
 @dataclass(frozen=True)
@@ -87,11 +89,25 @@ def new_session_id() -> str:
     return f"s_{uuid.uuid4().hex}"
 
 
+def _messages_of(events: Sequence[pb.Event]) -> list[pb.Message]:
+    """The messages the events carry (references: changing one changes its event)."""
+    bodies = [(event, event.WhichOneof("body")) for event in events]
+    return [getattr(event, body).message for event, body in bodies if body in _CARRYING_MESSAGES]
+
+
 class Sessions:
-    def __init__(self, runner: TransactionRunner, store: LogStore, limits: SessionLimits) -> None:
+    def __init__(
+        self,
+        runner: TransactionRunner,
+        store: LogStore,
+        limits: SessionLimits,
+        redactor: pii.Redactor | None = None,
+    ) -> None:
         self.runner = runner
         self.store = store
         self.limits = limits
+        #: Hashes the ids agents with `settings.redact_pii` must not store raw.
+        self.redactor = redactor or pii.Redactor()
         self._waiters: set[asyncio.Future[None]] = set()
         self._head_poller: asyncio.Task[None] | None = None
 
@@ -496,7 +512,7 @@ class Sessions:
 
         def op(now: float) -> tuple[pb.Session, bool]:
             settings = self.live_agent(agent).settings
-            stored = routing.stored_source(source, settings.redact_pii)
+            stored = routing.stored_source(source, self.redactor_for(settings))
             key = routing.routing_key(agent, stored, settings.routing)
             existing = self.store.route(agent, key)
             if existing is not None:
@@ -643,6 +659,7 @@ class Sessions:
                 )
                 getattr(event, name).CopyFrom(body)
                 events.append(event)
+            self.redact_senders(agent, events)
             self._refuse_state_growth_past_limit(session_id, events)
             logged = self.log(now, events, index)
             return logged, index.version + len(events)
@@ -678,8 +695,16 @@ class Sessions:
         result: pb.Event = await self.write(lambda now: self.post(now, agent, session_id, message))
         return result
 
-    def post(self, now: float, agent: str, session_id: str, message: pb.Message) -> pb.Event:
-        """Puts a message into an open session's inbox (in the caller's transaction)."""
+    def post(
+        self,
+        now: float,
+        agent: str,
+        session_id: str,
+        message: pb.Message,
+        redact: bool | None = None,
+    ) -> pb.Event:
+        """Puts a message into an open session's inbox (in the caller's transaction).
+        `redact`: whether its sender is hashed (None: as the agent's settings say)."""
         index = self.open_session_of(agent, session_id)
         posted = pb.Event(
             agent=agent,
@@ -687,8 +712,37 @@ class Sessions:
             session_version=index.version,  # unversioned: never conflicts with a turn
             inbox_posted=pb.InboxPosted(message=message),
         )
+        self.redact_senders(agent, [posted], redact)
         self._refuse_state_growth_past_limit(session_id, [posted])
         return self.log(now, [posted], index)[0]
+
+    # == personal ids ======================================================================
+
+    def redactor_for(self, settings: pb.AgentSettings) -> pii.Redactor | None:
+        """The redactor when the agent redacts PII, else None (ids stored as given)."""
+        return self.redactor if settings.redact_pii else None
+
+    def redacts_pii(self, agent: str) -> bool:
+        """The agent's setting, read from its state: 3 statements (the timeline's head,
+        the latest snapshot, the events after it)."""
+        state = self.store.agent_state(agent)
+        return state is not None and state.settings.redact_pii
+
+    def redact_senders(
+        self, agent: str, events: Sequence[pb.Event], redact: bool | None = None
+    ) -> None:
+        """Hashes the senders of the events' messages when `redact` (None: when the
+        agent's settings say so). The agent is read only if some sender is a person's
+        raw id: appends without senders, with agents as senders, or with senders
+        stored redacted before (a turn's inbox moved into its history) cost nothing."""
+        raw = [message for message in _messages_of(events) if pii.sender_is_raw(message.sender)]
+        if not raw:
+            return
+        if redact is None:
+            redact = self.redacts_pii(agent)
+        if redact:
+            for message in raw:
+                message.sender = self.redactor.sender(message.sender)
 
     def _refuse_state_growth_past_limit(self, session_id: str, events: Sequence[pb.Event]) -> None:
         growth = sum(e.ByteSize() for e in events if e.WhichOneof("body") in _STATE_GROWING)

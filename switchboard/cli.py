@@ -38,6 +38,19 @@ def _backoff(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[
     return steps
 
 
+def _from_environment_only(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    if value is not None and ctx.get_parameter_source(str(param.name)) == (
+        click.core.ParameterSource.COMMANDLINE
+    ):
+        raise click.BadParameter(
+            "give the key in SWITCHBOARD_PII_KEY or a file (--pii-key-file), never on the "
+            "command line, where every user of the host can read it"
+        )
+    return value
+
+
 class _Commands(click.Group):
     """The command group; a database that must not be served ends the command with
     its reason and exit code 1, not a traceback."""
@@ -230,6 +243,23 @@ def main(log_level: str, log_format: str) -> None:
     help="TOKEN=admin;TOKEN=agents:a,b (authentication is off when empty).",
 )
 @click.option(
+    "--pii-key-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="SWITCHBOARD_PII_KEY_FILE",
+    help="File holding the secret (at least 16 bytes; a trailing newline is ignored) that "
+    "hashes user and chat ids of agents with settings.redact_pii (HMAC-SHA256); or set "
+    "SWITCHBOARD_PII_KEY to the key itself. Without one the ids are hashed unkeyed, which "
+    "brute force reverses. Setting or changing it starts fresh sessions for conversations "
+    "routed before. [env: SWITCHBOARD_PII_KEY_FILE]",
+)
+@click.option(
+    "--pii-key",
+    hidden=True,
+    envvar="SWITCHBOARD_PII_KEY",
+    callback=_from_environment_only,
+    help="(SWITCHBOARD_PII_KEY only: a key on the command line is visible to every user)",
+)
+@click.option(
     "--tls-cert",
     type=click.Path(dir_okay=False, path_type=Path),
     envvar="SWITCHBOARD_TLS_CERT",
@@ -278,6 +308,8 @@ def serve(
     drain_grace: float,
     metrics_listen: str,
     auth_tokens: str,
+    pii_key_file: Path | None,
+    pii_key: str | None,
     tls_cert: Path | None,
     tls_key: Path | None,
     tls_client_ca: Path | None,
@@ -286,6 +318,7 @@ def serve(
     """Run the services until SIGTERM or Ctrl-C (then drain and exit 0)."""
     from delivery_service.app import DeliveryUnit
     from delivery_service.state_machine import LedgerLimits
+    from session_service import pii
     from session_service.app import SessionUnit
     from session_service.sessions import SessionLimits
 
@@ -303,6 +336,12 @@ def serve(
         grants = parse_tokens(auth_tokens)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-tokens") from exc
+    try:
+        key = pii.read_key(pii_key_file, pii_key) if which in ("all", "session") else None
+    except pii.PiiKeyRefused as exc:
+        raise click.BadParameter(
+            str(exc), param_hint="--pii-key-file / SWITCHBOARD_PII_KEY"
+        ) from exc
     if (tls_cert is None) != (tls_key is None) or (tls_client_ca and not tls_cert):
         raise click.UsageError("TLS needs --tls-cert and --tls-key (and then --tls-client-ca)")
     registry = CollectorRegistry()
@@ -330,7 +369,10 @@ def serve(
                 snapshot_every=snapshot_every, request_id_window_s=request_id_window
             )
             apps.append(
-                GrpcApp(SessionUnit(settings, limits, migrate=migrate), server(session_listen))
+                GrpcApp(
+                    SessionUnit(settings, limits, migrate=migrate, pii_key=key),
+                    server(session_listen),
+                )
             )
             urls[id(apps[-1])] = _redacted(settings.url)
         if which in ("all", "delivery"):

@@ -59,7 +59,7 @@ class RequestRecord(peewee.Model):
     principal = peewee.CharField(max_length=160)
     request_id = peewee.CharField(max_length=MAX_REQUEST_ID_LEN)
     method = peewee.CharField(max_length=200)
-    fingerprint = peewee.CharField(max_length=64)  # sha256 hex of the request sans its id
+    fingerprint = peewee.CharField(max_length=64)  # (keyed) sha256 hex of the request sans id
     response = peewee.BlobField()
     created_at = peewee.DoubleField(index=True)
 
@@ -124,11 +124,20 @@ class StoredRequest:
 class RequestStore:
     """The record table's SQL; every method runs in the caller's transaction."""
 
-    def __init__(self, backend: Backend, table: str, window_s: float = DEFAULT_WINDOW_S) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        table: str,
+        window_s: float = DEFAULT_WINDOW_S,
+        fingerprint_key: bytes | None = None,
+    ) -> None:
         if window_s <= 0:
             raise ValueError("the request-id window must be positive")
         self.backend = backend
         self.window_s = window_s
+        #: Keys the stored request fingerprints (HMAC): a plain digest of a request
+        #: that carries a short platform id gives the id away to brute force.
+        self.fingerprint_key = fingerprint_key
         self.prune_interval_s = min(MAX_PRUNE_INTERVAL_S, window_s)
         self.Record = bind_model(RequestRecord, backend.database, table)
         self._database: Any = backend.database

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar, cast
 
@@ -48,14 +49,17 @@ Resp = TypeVar("Resp", bound=Message)
 Handler = Callable[[S, Req, Any], Awaitable[R]]
 
 
-def fingerprint(request: Message) -> str:
-    """sha256 of the request without its request_id (deterministic encoding)."""
+def fingerprint(request: Message, key: bytes | None = None) -> str:
+    """sha256 of the request without its request_id (deterministic encoding);
+    HMAC-SHA256 with `key` when given."""
     request_id = getattr(request, "request_id")  # noqa: B009 (a field, typed per message)
     request.ClearField("request_id")
     try:
         encoded = request.SerializeToString(deterministic=True)
     finally:
         setattr(request, "request_id", request_id)  # noqa: B010
+    if key is not None:
+        return hmac.new(key, encoded, hashlib.sha256).hexdigest()
     return hashlib.sha256(encoded).hexdigest()
 
 
@@ -94,7 +98,7 @@ class Mutations:
                     auth.current_principal(),
                     request_id,
                     method,
-                    fingerprint(request),
+                    fingerprint(request, servicer.requests.fingerprint_key),
                     encode,
                 )
                 token = pending().set(guard)

@@ -126,9 +126,16 @@ def delivery_server(
 
 
 def session_server(
-    loop: EventLoopThread, url: str, limits: SessionLimits | None = None, **settings: Any
+    loop: EventLoopThread,
+    url: str,
+    limits: SessionLimits | None = None,
+    *,
+    pii_key: bytes | None = None,
+    **settings: Any,
 ) -> AbstractContextManager[InProcessSession]:
-    unit = SessionUnit(DatabaseSettings(url=url), limits or SessionLimits(watch_poll_s=0.2))
+    unit = SessionUnit(
+        DatabaseSettings(url=url), limits or SessionLimits(watch_poll_s=0.2), pii_key=pii_key
+    )
     return _serve(loop, unit, session_grpc.SessionServiceStub, **settings)
 
 
