@@ -184,6 +184,7 @@ def test_each_workload_runs_as_a_process_and_answers_its_probes(
             url = stack.enter_context(database_for(workload, tmp_path))
         values = {
             "switchboard-auth": {"tokens": "probe-test-admin=admin"},
+            "switchboard-pii": {"key": "probe-test-pii-key-of-32-bytes.."},
             "switchboard-postgres": {"url": url},
         }
         # The SQLite layout's /data volume is tmp_path here.
