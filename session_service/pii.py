@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 #: The shortest server key accepted: 128 bits, so the key cannot be guessed either.
@@ -48,7 +48,7 @@ class PiiKeyRefused(ValueError):
 class Redactor:
     """Hashes platform ids with the server's key (None: unkeyed, as before keys)."""
 
-    key: bytes | None = None
+    key: bytes | None = field(default=None, repr=False)  # never in a log line or traceback
 
     def __post_init__(self) -> None:
         if self.key is not None and len(self.key) < MIN_KEY_BYTES:

@@ -62,6 +62,7 @@ def test_keyed_digests_keep_the_shapes_and_differ_from_unkeyed_ones() -> None:
     assert unkeyed.user("u-8399172635") == f"user_{_sha12('u-8399172635')}"
     assert keyed.user("u-8399172635") != unkeyed.user("u-8399172635")
     assert Redactor(b"k" * MIN_KEY_BYTES).user("42") != keyed.user("42"), "the key matters"
+    assert KEY.decode() not in repr(keyed), "the key never shows in a log line"
 
 
 def test_redaction_is_idempotent_and_keeps_empty_ids_and_agents() -> None:
