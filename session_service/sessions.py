@@ -546,10 +546,24 @@ class Sessions:
         result: tuple[pb.Session, bool] = await self.write(op)
         return result
 
-    async def spawn(self, agent: str, session_id: str, temp_state: dict[str, str]) -> pb.Session:
+    async def spawn(
+        self, agent: str, session_id: str, temp_state: dict[str, str], any_id: bool = True
+    ) -> pb.Session:
+        """`any_id`: the caller may choose any session id (admin, or authentication
+        off); others only ids in the agent's namespace, so that a taken id is never
+        another agent's session."""
         agent_name("agent", agent)
         if session_id:
             checked_session_id(session_id)
+            prefix = f"{agent}."
+            if not any_id and (not session_id.startswith(prefix) or session_id == prefix):
+                raise InvalidArgument(
+                    "session_id",
+                    f"must be {agent!r} followed by '.' and a name of your choice "
+                    f"(e.g. '{agent}.nightly'): this token may choose ids in its agent's "
+                    "namespace only; or leave it empty for a generated id",
+                    reason="SESSION_ID_NAMESPACE",
+                )
         validation.string_map("temp_state", temp_state, max_entries=1000)
         chosen = session_id or new_session_id()
 

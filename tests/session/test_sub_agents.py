@@ -3,7 +3,7 @@ bounded, and every decision evaluates each ancestor's current rules too."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from fnmatch import fnmatchcase
 from itertools import product
 from typing import Any
@@ -15,11 +15,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from session_service import permissions
+from switchboard.auth import parse_tokens
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
-from tests.harness import InProcessSession
+from tests.harness import EventLoopThread, InProcessSession, session_server
 from tests.session.conftest import create_agent, resolve, web
-from tests.status import error_details
+from tests.status import error_details, error_reason
 
 ALLOW, DENY = pb.PERMISSION_EFFECT_ALLOW, pb.PERMISSION_EFFECT_DENY
 
@@ -349,3 +350,141 @@ def test_a_broken_lineage_is_allowed_nothing() -> None:
     assert lineage.reason == "PARENT_CYCLE"
     decision = permissions.decide(child, [], "fs.read", "x", lineage)
     assert not decision.allowed and "its own ancestor" in decision.reason
+
+
+# -- session-side scoping with tokens --------------------------------------------------------
+
+ADMIN, MAIN, CODER = "admin-token", "main-token", "coder-token"
+
+
+def _as(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
+
+@pytest.fixture
+def secured(
+    database_url: str, loop_thread: EventLoopThread
+) -> Iterator[pb_grpc.SessionServiceStub]:
+    grants = parse_tokens(f"{ADMIN}=admin;{MAIN}=agents:main;{CODER}=agents:coder")
+    with session_server(loop_thread, database_url, auth=grants) as service:
+        for name in ("main", "coder"):
+            service.stub.CreateAgent(
+                pb.CreateAgentRequest(
+                    agent=pb.Agent(name=name, peers=[name], permissions=[rule(ALLOW, "*")])
+                ),
+                metadata=_as(ADMIN),
+            )
+        yield service.stub
+
+
+def test_agent_tokens_spawn_only_in_their_agents_namespace(
+    secured: pb_grpc.SessionServiceStub,
+) -> None:
+    def spawn(session_id: str, token: str = MAIN) -> pb.Session:
+        request = pb.SpawnSessionRequest(agent="main", session_id=session_id)
+        return secured.SpawnSession(request, metadata=_as(token)).session
+
+    for chosen in ("nightly", "coder.nightly", "main.", "mainx.nightly"):
+        with pytest.raises(grpc.RpcError) as raised:
+            spawn(chosen)
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_details(raised.value)[1] == ["session_id"]
+        assert error_reason(raised.value) == "SESSION_ID_NAMESPACE"
+    assert spawn("main.nightly").session_id == "main.nightly"
+    assert spawn("").session_id.startswith("s_"), "a generated id needs no namespace"
+    assert spawn("anything", token=ADMIN).session_id == "anything", "admins choose any id"
+
+
+def test_checkpoints_are_admin_only(secured: pb_grpc.SessionServiceStub) -> None:
+    secured.CreateCheckpoint(pb.CreateCheckpointRequest(label="cut"), metadata=_as(ADMIN))
+    with pytest.raises(grpc.RpcError) as raised:
+        secured.ListCheckpoints(pb.ListCheckpointsRequest(), metadata=_as(MAIN))
+    assert raised.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert error_reason(raised.value) == "ADMIN_ONLY"
+    listed = secured.ListCheckpoints(pb.ListCheckpointsRequest(), metadata=_as(ADMIN))
+    assert [c.label for c in listed.checkpoints] == ["cut"]
+
+
+def _session_calls(session_id: str, main_session: str) -> dict[str, Callable[[Any], Any]]:
+    """Every call by `main` that names `session_id` (main's own session is `main_session`)."""
+    own: dict[str, Any] = {"agent": "main", "session_id": session_id}
+    message = pb.Message(role=pb.ROLE_USER, content="hi")
+    appended = pb.SessionEventInput(message_appended=pb.MessageAppended(message=message))
+    return {
+        "ResolveSession": lambda s: s.ResolveSession(pb.ResolveSessionRequest(**own)),
+        "GetSession": lambda s: s.GetSession(pb.GetSessionRequest(**own)),
+        "EndSession": lambda s: s.EndSession(pb.EndSessionRequest(**own)),
+        "ResetSession": lambda s: s.ResetSession(pb.ResetSessionRequest(**own)),
+        "AppendEvents": lambda s: s.AppendEvents(
+            pb.AppendEventsRequest(**own, events=[appended], expected_version=1)
+        ),
+        "PostToInbox": lambda s: s.PostToInbox(pb.PostToInboxRequest(**own, message=message)),
+        "GetHistory": lambda s: s.GetHistory(pb.GetHistoryRequest(**own)),
+        "GetSessionState": lambda s: s.GetSessionState(pb.GetSessionStateRequest(**own)),
+        "SnapshotSession": lambda s: s.SnapshotSession(pb.SnapshotSessionRequest(**own)),
+        "ForkSession": lambda s: s.ForkSession(pb.ForkSessionRequest(**own)),
+        "CheckPermission": lambda s: s.CheckPermission(
+            pb.CheckPermissionRequest(**own, action="fs.read", resource="x")
+        ),
+        "MarkResumable": lambda s: s.MarkResumable(pb.MarkResumableRequest(**own, pending=True)),
+        "SuspendSession": lambda s: s.SuspendSession(
+            pb.SuspendSessionRequest(**own, suspended=True)
+        ),
+        "SpawnSession": lambda s: s.SpawnSession(pb.SpawnSessionRequest(**own)),
+        "SendToPeer": lambda s: s.SendToPeer(
+            pb.SendToPeerRequest(
+                agent="main",
+                session_id=main_session,
+                to_agent="main",
+                to_session_id=session_id,
+                message=message,
+            )
+        ),
+    }
+
+
+def test_another_agents_session_answers_exactly_as_a_missing_one(
+    secured: pb_grpc.SessionServiceStub,
+) -> None:
+    coder = _as(CODER)
+    for spawned in ("coder.open", "coder.ended"):
+        secured.SpawnSession(
+            pb.SpawnSessionRequest(agent="coder", session_id=spawned), metadata=coder
+        )
+    secured.EndSession(
+        pb.EndSessionRequest(agent="coder", session_id="coder.ended"), metadata=coder
+    )
+    as_main = _Scoped(secured, _as(MAIN))
+    main_session = as_main.ResolveSession(
+        pb.ResolveSessionRequest(agent="main", source=pb.Source(**web()))
+    ).session.session_id
+    answers: dict[str, set[tuple[Any, ...]]] = {}
+    for session_id in ("coder.open", "coder.ended", "coder.missing"):
+        for name, call in _session_calls(session_id, main_session).items():
+            with pytest.raises(grpc.RpcError) as raised:
+                call(as_main)
+            info, fields = error_details(raised.value)
+            message = (raised.value.details() or "").replace(session_id, "<id>")
+            answers.setdefault(name, set()).add(
+                (raised.value.code(), info.reason, tuple(fields), message)
+            )
+    for name, seen in answers.items():
+        assert len(seen) == 1, f"{name} tells coder's sessions from missing ones: {seen}"
+        [(code, *_)] = seen
+        expected = "INVALID_ARGUMENT" if name == "SpawnSession" else "NOT_FOUND"
+        assert code.name == expected, f"{name}: {seen}"
+    state = secured.GetSessionState(
+        pb.GetSessionStateRequest(agent="coder", session_id="coder.open"), metadata=coder
+    ).state
+    assert not state.inbox and not state.session.suspended, "coder's session is untouched"
+
+
+class _Scoped:
+    """A stub whose every call carries one token's metadata."""
+
+    def __init__(self, stub: pb_grpc.SessionServiceStub, metadata: Any) -> None:
+        self._stub, self._metadata = stub, metadata
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._stub, name)
+        return lambda request: method(request, metadata=self._metadata)
