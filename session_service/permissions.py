@@ -191,8 +191,10 @@ def decide(
     lineage: Ancestry | None = None,
 ) -> Decision:
     """Decides for the agent (its rules, then each ancestor's, then the session's
-    narrowing layers). `lineage`: the agent's ancestors, read once per decision."""
-    lineage = lineage or Ancestry()
+    narrowing layers). `lineage`: the agent's ancestors, read once per decision;
+    a sub-agent decided without them is denied (fail closed)."""
+    if lineage is None:
+        lineage = Ancestry(broken="its ancestors were not read") if agent.parent else Ancestry()
     if lineage.broken:
         return Decision(False, "", f"sub-agent {agent.name!r}: {lineage.broken}")
     chain = [agent, *lineage.agents]

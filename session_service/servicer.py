@@ -89,7 +89,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         grant = auth.current_grant()
         any_id = grant is None or grant.admin  # others choose ids in their agent's namespace
         return await self.sessions.spawn(
-            request.agent, request.session_id, dict(request.temp_state), any_id
+            request.agent, request.session_id, dict(request.temp_state), any_id=any_id
         )
 
     async def GetSession(  # noqa: N802

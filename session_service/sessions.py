@@ -547,7 +547,7 @@ class Sessions:
         return result
 
     async def spawn(
-        self, agent: str, session_id: str, temp_state: dict[str, str], any_id: bool = True
+        self, agent: str, session_id: str, temp_state: dict[str, str], *, any_id: bool
     ) -> pb.Session:
         """`any_id`: the caller may choose any session id (admin, or authentication
         off); others only ids in the agent's namespace, so that a taken id is never
