@@ -47,7 +47,9 @@ class MultiAgent:
         index = self.sessions.open_session_of(agent, session_id)
         state = self.store.session_state(session_id)
         assert state is not None
-        decision = permissions.decide(owner, state.session.narrowing, action, resource)
+        # The owner's ancestors, read once: their current rules bound a sub-agent.
+        lineage = self.sessions.lineage(owner)
+        decision = permissions.decide(owner, state.session.narrowing, action, resource, lineage)
         checked = pb.PermissionChecked(
             action=action,
             resource=resource,

@@ -12,7 +12,9 @@ from collections.abc import Iterable
 from switchboard.session.v1 import session_service_pb2 as pb
 
 #: Agent fields an UpdateAgent may change (top level of the field mask).
-UPDATABLE_AGENT_FIELDS = ("display_name", "permissions", "workspace_root", "peers", "settings")
+UPDATABLE_AGENT_FIELDS = (
+    "display_name", "permissions", "workspace_root", "peers", "settings", "parent",
+)  # fmt: skip
 
 
 def apply_to_agent(agent: pb.Agent, event: pb.Event) -> None:

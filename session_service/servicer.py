@@ -13,6 +13,7 @@ from session_service.continuity import Continuity
 from session_service.multi_agent import MultiAgent
 from session_service.sessions import Sessions
 from session_service.time_travel import TimeTravel
+from switchboard import auth
 from switchboard.idempotency import RequestStore
 from switchboard.mutations import Mutations
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -85,8 +86,10 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def SpawnSession(  # noqa: N802
         self, request: pb.SpawnSessionRequest, context: Context
     ) -> pb.Session:
+        grant = auth.current_grant()
+        any_id = grant is None or grant.admin  # others choose ids in their agent's namespace
         return await self.sessions.spawn(
-            request.agent, request.session_id, dict(request.temp_state)
+            request.agent, request.session_id, dict(request.temp_state), any_id=any_id
         )
 
     async def GetSession(  # noqa: N802

@@ -153,17 +153,6 @@ class Sessions:
                 "agent", f"is {agent.ByteSize()} bytes encoded; the limit is {MAX_AGENT_BYTES}"
             )
 
-    def _refuse_agent_growth_past_limit(self, agent: pb.Agent, event: pb.Event) -> None:
-        grown = pb.Agent()
-        grown.CopyFrom(agent)
-        replay.apply_to_agent(grown, event)
-        if grown.ByteSize() > MAX_AGENT_BYTES:
-            raise FailedPrecondition(
-                "AGENT_TOO_LARGE",
-                f"agent {agent.name!r} would be {grown.ByteSize()} bytes encoded; the limit is "
-                f"{MAX_AGENT_BYTES}: delete memory entries (DeleteMemory) to make room",
-            )
-
     # == the log ===========================================================================
 
     def log(
@@ -304,28 +293,68 @@ class Sessions:
         def op(now: float) -> pb.Agent:
             if self.store.agent_index(agent.name) is not None:
                 raise AlreadyExists("AGENT_EXISTS", f"agent {agent.name!r} exists already")
-            if agent.parent:
-                self._bound_by_parent(created)
+            parent = self.store.agent_state(created.parent) if created.parent else None
+            if parent is not None:
+                # A record of what it may never do; the parent's current rules bind it anyway.
+                inherited = [r for r in parent.permissions if r.effect == pb.PERMISSION_EFFECT_DENY]
+                created.permissions.extend(r for r in inherited if r not in created.permissions)
             event = pb.Event(agent=agent.name, agent_created=pb.AgentCreated(agent=created))
-            self.log(now, [event])
-            return self.live_agent(agent.name)
+            return self._change_agent(now, None, event, permissions.BOUNDED_FIELDS)
 
         result: pb.Agent = await self.write(op)
         return result
 
-    def _bound_by_parent(self, child: pb.Agent) -> None:
-        """A sub-agent may hold no permission its parent lacks; it keeps the parent's denials."""
-        parent = self.live_agent(child.parent)
-        excess = permissions.covers(parent, child.permissions)
-        if excess is None and not set(child.peers) <= set(parent.peers):
-            excess = f"peers {sorted(set(child.peers) - set(parent.peers))} are not the parent's"
-        if excess is not None:
-            raise PermissionDenied(
-                "EXCEEDS_PARENT",
-                f"sub-agent {child.name!r} may not exceed its parent {parent.name!r}: {excess}",
+    def _change_agent(
+        self,
+        now: float,
+        before: pb.Agent | None,
+        event: pb.Event,
+        touched: frozenset[str],
+        lineage: permissions.Ancestry | None = None,
+    ) -> pb.Agent:
+        """The one path every change of an agent takes (creation, update, memory): the
+        agent as the event leaves it must fit the size limit and, for a sub-agent, have
+        a whole lineage and stay within every ancestor in the `touched` fields; only
+        then is the event logged. `lineage`: the ancestors, when the caller read them."""
+        after = pb.Agent()
+        if before is not None:
+            after.CopyFrom(before)
+        replay.apply_to_agent(after, event)
+        if after.ByteSize() > MAX_AGENT_BYTES:
+            raise FailedPrecondition(
+                "AGENT_TOO_LARGE",
+                f"agent {after.name!r} would be {after.ByteSize()} bytes encoded; the limit is "
+                f"{MAX_AGENT_BYTES}: delete memory entries (DeleteMemory) to make room",
             )
-        inherited = [r for r in parent.permissions if r.effect == pb.PERMISSION_EFFECT_DENY]
-        child.permissions.extend(r for r in inherited if r not in child.permissions)
+        if after.parent:
+            lineage = lineage or self.whole_lineage(after)
+            found = permissions.excess(after, lineage.agents, touched)
+            if found is not None:
+                raise FailedPrecondition(
+                    "EXCEEDS_PARENT",
+                    f"{found.field}: sub-agent {after.name!r} may not exceed its ancestors: "
+                    f"{found.message}",
+                    {"field": found.field},
+                )
+        self.log(now, [event])
+        return self.live_agent(after.name)
+
+    def lineage(self, agent: pb.Agent) -> permissions.Ancestry:
+        """The agent's ancestors as they are now (one read each)."""
+        return permissions.ancestry(agent, self.store.agent_state)
+
+    def whole_lineage(self, agent: pb.Agent) -> permissions.Ancestry:
+        """The sub-agent's ancestors; FAILED_PRECONDITION naming the break when the chain
+        is not whole (a change must not leave or keep a sub-agent hanging off nothing)."""
+        lineage = self.lineage(agent)
+        if lineage.broken:
+            raise FailedPrecondition(
+                lineage.reason,
+                f"agent.parent: sub-agent {agent.name!r} (parent {agent.parent!r}): "
+                f"{lineage.broken}; give it a live parent (UpdateAgent parent) or none",
+                {"field": "agent.parent"},
+            )
+        return lineage
 
     async def get_agent(self, name: str) -> pb.Agent:
         agent_name("name", name)
@@ -379,9 +408,8 @@ class Sessions:
             update = pb.AgentUpdated(update_mask=mask)
             update.agent.CopyFrom(agent)
             event = pb.Event(agent=agent.name, agent_updated=update)
-            self._refuse_agent_growth_past_limit(self.live_agent(agent.name), event)
-            self.log(now, [event])
-            return self.live_agent(agent.name)
+            touched = permissions.bounded_fields(mask.paths)
+            return self._change_agent(now, self.live_agent(agent.name), event, touched)
 
         result: pb.Agent = await self.write(op)
         return result
@@ -420,16 +448,17 @@ class Sessions:
 
         def op(now: float) -> pb.Agent:
             agent = self.live_agent(name)
-            if any(fnmatchcase("memory.write", rule.action) for rule in agent.permissions):
-                # The agent's rules speak of memory writes: they go through the gate.
-                decision = permissions.decide(agent, (), "memory.write", f"memory:{key}")
+            lineage = self.whole_lineage(agent) if agent.parent else permissions.Ancestry()
+            rules = [r for a in (agent, *lineage.agents) for r in a.permissions]
+            if any(fnmatchcase("memory.write", rule.action) for rule in rules):
+                # The rules of the agent or an ancestor speak of memory writes: they go
+                # through the gate, every ancestor's layer included.
+                decision = permissions.decide(agent, (), "memory.write", f"memory:{key}", lineage)
                 if not decision.allowed:
                     raise PermissionDenied(
                         "PERMISSION_DENIED", f"memory.write on {key!r}: {decision.reason}"
                     )
-            self._refuse_agent_growth_past_limit(agent, event)
-            self.log(now, [event])
-            return self.live_agent(name)
+            return self._change_agent(now, agent, event, frozenset(), lineage)
 
         result: pb.Agent = await self.write(op)
         return result
@@ -533,10 +562,24 @@ class Sessions:
         result: tuple[pb.Session, bool] = await self.write(op)
         return result
 
-    async def spawn(self, agent: str, session_id: str, temp_state: dict[str, str]) -> pb.Session:
+    async def spawn(
+        self, agent: str, session_id: str, temp_state: dict[str, str], *, any_id: bool
+    ) -> pb.Session:
+        """`any_id`: the caller may choose any session id (admin, or authentication
+        off); others only ids in the agent's namespace, so that a taken id is never
+        another agent's session."""
         agent_name("agent", agent)
         if session_id:
             checked_session_id(session_id)
+            prefix = f"{agent}."
+            if not any_id and (not session_id.startswith(prefix) or session_id == prefix):
+                raise InvalidArgument(
+                    "session_id",
+                    f"must be {agent!r} followed by '.' and a name of your choice "
+                    f"(e.g. '{agent}.nightly'): this token may choose ids in its agent's "
+                    "namespace only; or leave it empty for a generated id",
+                    reason="SESSION_ID_NAMESPACE",
+                )
         validation.string_map("temp_state", temp_state, max_entries=1000)
         chosen = session_id or new_session_id()
 

@@ -27,6 +27,7 @@ EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 #: Methods only an admin token may call.
 ADMIN_ONLY = frozenset(
     {
+        "ListCheckpoints",  # checkpoints are global: they name points of every agent's log
         "CreateAgent", "UpdateAgent", "DeleteAgent", "ListAgents", "Rewind", "Checkout",
         "CreateCheckpoint", "TruncateLog", "PruneObligations", "RetryObligation",
         "AbandonObligation",

@@ -309,6 +309,7 @@ def _update_mask() -> Field:
         "workspace_root",
         "peers",
         "settings",
+        "parent",
         "settings.resume",
         "settings.reset.mode",
         "memory",
@@ -644,7 +645,7 @@ BUGS: Final = (
         reason="CreateAgent of a sub-agent with 1500 peers its parent lacks: the "
         "EXCEEDS_PARENT message lists every peer, the trailers exceed gRPC's metadata limit "
         "and the client gets RESOURCE_EXHAUSTED without ErrorInfo; expected "
-        "PERMISSION_DENIED EXCEEDS_PARENT with a cut message",
+        "FAILED_PRECONDITION EXCEEDS_PARENT with a cut message",
         backends=("sqlite", "postgres"),
         fixed=True,
         matches=None,
@@ -653,7 +654,7 @@ BUGS: Final = (
                 name="kid", parent="main", peers=[f"peer-number-{i}" for i in range(1500)]
             )
         ),
-        expected=grpc.StatusCode.PERMISSION_DENIED,
+        expected=grpc.StatusCode.FAILED_PRECONDITION,
     ),
     KnownBug(
         name="sub-agent-refusal-echoes-resource",
@@ -661,7 +662,7 @@ BUGS: Final = (
         reason="CreateAgent of a sub-agent with an allow rule of a 254-character action on a "
         "1024-emoji resource (both within their limits): the EXCEEDS_PARENT message quotes "
         "them and the client gets RESOURCE_EXHAUSTED without ErrorInfo; expected "
-        "PERMISSION_DENIED EXCEEDS_PARENT",
+        "FAILED_PRECONDITION EXCEEDS_PARENT",
         backends=("sqlite", "postgres"),
         fixed=True,
         matches=None,
@@ -678,7 +679,7 @@ BUGS: Final = (
                 ],
             )
         ),
-        expected=grpc.StatusCode.PERMISSION_DENIED,
+        expected=grpc.StatusCode.FAILED_PRECONDITION,
     ),
     KnownBug(
         name="rewind-unknown-label-echoed",

@@ -154,7 +154,7 @@ def test_sub_agents_may_not_exceed_their_parent(team: InProcessSession) -> None:
                 agent=pb.Agent(name="shell", parent="main", permissions=[rule(ALLOW, "shell.*")])
             )
         )
-    assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert error_reason(refused.value) == "EXCEEDS_PARENT"
 
 
