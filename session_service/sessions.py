@@ -874,6 +874,10 @@ class Sessions:
         if session_id:
             checked_session_id(session_id)
         validation.int64("after_sequence", after)
+        if session_id:
+            # A session the caller cannot see is NOT_FOUND at once, as on every other
+            # call (another agent's session too), rather than a silent stream.
+            await self.runner.read(lambda: self._watchable(agent, session_id))
         last = after
         while True:
             # Register before reading, so a commit between the read and the wait
@@ -890,6 +894,12 @@ class Sessions:
                     await waiter
             finally:
                 self._waiters.discard(waiter)
+
+    def _watchable(self, agent: str, session_id: str) -> None:
+        if agent:
+            self.session_of(agent, session_id)
+        elif self.store.session_index(session_id) is None:
+            raise NotFound("SESSION_NOT_FOUND", f"there is no session {session_id!r}")
 
     def _register_waiter(self) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
