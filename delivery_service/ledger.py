@@ -40,6 +40,7 @@ MAX_CLAIM_LIMIT = 1000
 MAX_LEASE_TTL_S = 3600.0
 MAX_RETRY_AFTER_S = 24 * 3600.0
 MAX_HAND_OVER_IDS = 1000
+_REGISTER_FIRST = "; call RegisterInstance first"
 
 
 def _obligation_id(value: str) -> str:
@@ -68,8 +69,9 @@ def _visible(instance: Instance | None, caller: Caller) -> Instance | None:
     return instance if instance is not None and caller.owns(instance) else None
 
 
-def _instance_not_found(instance_id: str) -> NotFound:
-    return NotFound("INSTANCE_NOT_FOUND", f"instance {instance_id!r} is not registered")
+def _instance_not_found(instance_id: str, hint: str = "") -> NotFound:
+    """An unknown instance, and (answered alike) one another principal registered."""
+    return NotFound("INSTANCE_NOT_FOUND", f"instance {instance_id!r} is not registered{hint}")
 
 
 def _require_admin(caller: Caller, rpc: str) -> None:
@@ -80,10 +82,7 @@ def _require_admin(caller: Caller, rpc: str) -> None:
 
 def _require_live(instance: Instance | None, instance_id: str, now: float) -> Instance:
     if instance is None:
-        raise NotFound(
-            "INSTANCE_NOT_FOUND",
-            f"instance {instance_id!r} is not registered; call RegisterInstance first",
-        )
+        raise _instance_not_found(instance_id, _REGISTER_FIRST)
     if not instance.live_at(now):
         raise FailedPrecondition(
             "INSTANCE_NOT_LIVE",
@@ -337,10 +336,7 @@ class Ledger:
         register is an unknown one."""
         row = self._existing(obligation_id, caller)
         if self._instance(holder.instance_id, caller) is None:
-            raise NotFound(
-                "INSTANCE_NOT_FOUND",
-                f"instance {holder.instance_id!r} is not registered; call RegisterInstance first",
-            )
+            raise _instance_not_found(holder.instance_id, _REGISTER_FIRST)
         if row.owner_instance_id != holder.instance_id or row.fence != holder.fence:
             raise FailedPrecondition(
                 "STALE_FENCE",
@@ -419,8 +415,12 @@ class Ledger:
         validation.text("session_key", where.session_key, max_len=512)
         validation.text("gateway_name", where.gateway_name, max_len=128)
         size = pagination.page_size(page_size)
-        filters: list[Any] = [where.state, where.platform, where.session_key]
-        filters.append(where.owner_instance_id)
+        filters: list[Any] = [
+            where.state,
+            where.platform,
+            where.session_key,
+            where.owner_instance_id,
+        ]
         if where.gateway_name:  # tokens of earlier releases stay valid without it
             filters.append(where.gateway_name)
         position = pagination.position_of(page_token, filters, float, str)
