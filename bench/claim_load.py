@@ -51,7 +51,8 @@ def run(address: str, expect: int, limit: int) -> dict[str, Any]:
         stub = pb_grpc.DeliveryServiceStub(channel)
         registered = stub.RegisterInstance(
             pb.RegisterInstanceRequest(
-                gateway_name="bench-rescuer",
+                # The crashed gateway's next process: only its instances claim its rows.
+                gateway_name="bench-crashed-gateway",
                 host="bench",
                 pid=os.getpid(),
                 platforms=["slack"],

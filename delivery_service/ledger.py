@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from delivery_service.records import (
+    UNRESTRICTED,
+    Caller,
     ClaimResult,
     Holder,
     Instance,
@@ -24,13 +26,21 @@ from delivery_service.records import (
 from delivery_service.state_machine import HOLDER_SOURCES, OWED, LedgerLimits, State
 from delivery_service.store import LedgerStore
 from switchboard import pagination, validation
-from switchboard.errors import Aborted, FailedPrecondition, InvalidArgument, NotFound
+from switchboard.errors import (
+    Aborted,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
 from switchboard.runner import TransactionRunner
 
 _OBLIGATION_ID = re.compile(r"[0-9a-f]{24}")
 MAX_CLAIM_LIMIT = 1000
 MAX_LEASE_TTL_S = 3600.0
 MAX_RETRY_AFTER_S = 24 * 3600.0
+MAX_HAND_OVER_IDS = 1000
+_REGISTER_FIRST = "; call RegisterInstance first"
 
 
 def _obligation_id(value: str) -> str:
@@ -50,12 +60,29 @@ def _holder(instance_id: str, fence: int) -> Holder:
     return Holder(_instance_id(instance_id), fence)
 
 
+def _gateway_name(field: str, value: str) -> str:
+    return validation.text(field, value, max_len=128, required=True)
+
+
+def _visible(instance: Instance | None, caller: Caller) -> Instance | None:
+    """The instance as the caller may see it: another principal's is not there at all."""
+    return instance if instance is not None and caller.owns(instance) else None
+
+
+def _instance_not_found(instance_id: str, hint: str = "") -> NotFound:
+    """An unknown instance, and (answered alike) one another principal registered."""
+    return NotFound("INSTANCE_NOT_FOUND", f"instance {instance_id!r} is not registered{hint}")
+
+
+def _require_admin(caller: Caller, rpc: str) -> None:
+    """Operator calls (the interceptor refuses them first; the rules hold on their own)."""
+    if not caller.unrestricted:
+        raise PermissionDenied("ADMIN_ONLY", f"{rpc} needs an admin token")
+
+
 def _require_live(instance: Instance | None, instance_id: str, now: float) -> Instance:
     if instance is None:
-        raise NotFound(
-            "INSTANCE_NOT_FOUND",
-            f"instance {instance_id!r} is not registered; call RegisterInstance first",
-        )
+        raise _instance_not_found(instance_id, _REGISTER_FIRST)
     if not instance.live_at(now):
         raise FailedPrecondition(
             "INSTANCE_NOT_LIVE",
@@ -86,8 +113,15 @@ class Ledger:
         pid: int,
         platforms: Sequence[str],
         lease_ttl_s: float | None = None,
+        caller: Caller = UNRESTRICTED,
     ) -> Instance:
-        validation.text("gateway_name", gateway_name, max_len=128, required=True)
+        _gateway_name("gateway_name", gateway_name)
+        if caller.gateway and gateway_name != caller.gateway:
+            raise PermissionDenied(
+                "GATEWAY_SCOPE",
+                f"this token registers instances of gateway {caller.gateway!r} only, "
+                f"not {gateway_name[:128]!r}",
+            )
         validation.text("host", host, max_len=255)
         if pid < 0:
             raise InvalidArgument("pid", "must not be negative")
@@ -101,45 +135,54 @@ class Ledger:
         instance_id = uuid.uuid4().hex
         return await self.runner.write(
             lambda now: self.store.register_instance(
-                now, instance_id, gateway_name, host, pid, connected, ttl
+                now, instance_id, gateway_name, host, pid, connected, ttl, caller.principal
             )
         )
 
-    async def heartbeat(self, instance_id: str, platforms: Sequence[str]) -> Instance:
+    async def heartbeat(
+        self, instance_id: str, platforms: Sequence[str], caller: Caller = UNRESTRICTED
+    ) -> Instance:
         _instance_id(instance_id)
         connected = validation.platforms("platforms", platforms)
+        principal = _principal_guard(caller)
 
         def op(now: float) -> Instance:
-            if not self.store.heartbeat(now, instance_id, connected):
-                _require_live(self.store.get_instance(instance_id), instance_id, now)
+            if not self.store.heartbeat(now, instance_id, connected, principal):
+                _require_live(self._instance(instance_id, caller), instance_id, now)
             return self.store.get_instance(instance_id)  # type: ignore[return-value]
 
         return await self.runner.write(op)
 
-    async def deregister(self, instance_id: str) -> Instance:
+    async def deregister(self, instance_id: str, caller: Caller = UNRESTRICTED) -> Instance:
         _instance_id(instance_id)
+        principal = _principal_guard(caller)
 
         def op(now: float) -> Instance:
-            self.store.deregister(now, instance_id)
-            instance = self.store.get_instance(instance_id)
+            self.store.deregister(now, instance_id, principal)
+            instance = self._instance(instance_id, caller)
             if instance is None:
-                raise NotFound("INSTANCE_NOT_FOUND", f"instance {instance_id!r} is not registered")
+                raise _instance_not_found(instance_id)
             return instance
 
         return await self.runner.write(op)
 
-    async def get_instance(self, instance_id: str) -> tuple[Instance, bool]:
+    async def get_instance(
+        self, instance_id: str, caller: Caller = UNRESTRICTED
+    ) -> tuple[Instance, bool]:
         """The instance and whether it is live now, on the database's clock (as the
         lease checks of every other call judge it)."""
         _instance_id(instance_id)
 
         def op() -> tuple[Instance, bool]:
-            instance = self.store.get_instance(instance_id)
+            instance = self._instance(instance_id, caller)
             if instance is None:
-                raise NotFound("INSTANCE_NOT_FOUND", f"instance {instance_id!r} is not registered")
+                raise _instance_not_found(instance_id)
             return instance, instance.live_at(self.runner.backend.now())
 
         return await self.runner.read(op)
+
+    def _instance(self, instance_id: str, caller: Caller) -> Instance | None:
+        return _visible(self.store.get_instance(instance_id), caller)
 
     # -- the send path --------------------------------------------------------------------
 
@@ -167,32 +210,51 @@ class Ledger:
         return new
 
     async def record(
-        self, instance_id: str, new: NewObligation, begin_attempt: bool = False
+        self,
+        instance_id: str,
+        new: NewObligation,
+        begin_attempt: bool = False,
+        caller: Caller = UNRESTRICTED,
     ) -> tuple[Obligation, bool]:
         """Records a reply as owed; returns the row and whether this call created it.
 
         `begin_attempt` records it straight into ATTEMPTING, for a caller about to
-        send: one round trip instead of record + MarkAttempting.
+        send: one round trip instead of record + MarkAttempting. The row remembers
+        its agent and the recording instance's gateway (the one that may claim it).
         """
         _instance_id(instance_id)
         self._validated(new)
+        if not caller.may_act_for(new.agent):
+            raise PermissionDenied(
+                "AGENT_SCOPE",
+                "session_key: this token records replies only under keys "
+                "'agent:<name>:...' of its own agents",
+            )
         state = State.ATTEMPTING if begin_attempt else State.PENDING
+        principal = _principal_guard(caller)
 
         def op(now: float) -> tuple[Obligation, bool]:
-            created = self.store.insert_if_live(now, new, instance_id, state)
+            created = self.store.insert_if_live(now, new, instance_id, state, principal)
             if created is not None:
                 return created, True
-            _require_live(self.store.get_instance(instance_id), instance_id, now)
-            return self._existing(new.id), False
+            _require_live(self._instance(instance_id, caller), instance_id, now)
+            return self._existing(new.id, caller), False
 
         return await self.runner.write(op)
 
-    async def mark_attempting(self, obligation_id: str, instance_id: str, fence: int) -> Obligation:
+    async def mark_attempting(
+        self, obligation_id: str, instance_id: str, fence: int, caller: Caller = UNRESTRICTED
+    ) -> Obligation:
         holder = _holder(instance_id, fence)
-        return await self._holder_transition(obligation_id, holder, State.ATTEMPTING, {})
+        return await self._holder_transition(obligation_id, holder, State.ATTEMPTING, {}, caller)
 
     async def mark_delivered(
-        self, obligation_id: str, instance_id: str, fence: int, platform_message_id: str
+        self,
+        obligation_id: str,
+        instance_id: str,
+        fence: int,
+        platform_message_id: str,
+        caller: Caller = UNRESTRICTED,
     ) -> Obligation:
         validation.text("platform_message_id", platform_message_id, max_len=256)
         holder = _holder(instance_id, fence)
@@ -201,6 +263,7 @@ class Ledger:
             holder,
             State.DELIVERED,
             {"platform_message_id": platform_message_id},
+            caller,
             stamp_delivered=True,
         )
 
@@ -212,6 +275,7 @@ class Ledger:
         error: str,
         retryable: bool,
         retry_after_s: float | None,
+        caller: Caller = UNRESTRICTED,
     ) -> Obligation:
         """A retryable failure waits `retry_after_s`, or the backoff step for the
         attempts spent; a permanent one abandons the row."""
@@ -225,6 +289,7 @@ class Ledger:
             holder,
             target,
             {"last_error": error},
+            caller,
             schedule_retry=retryable,
             retry_after_s=retry_after_s,
         )
@@ -235,6 +300,7 @@ class Ledger:
         holder: Holder,
         target: State,
         changes: dict[str, Any],
+        caller: Caller,
         *,
         stamp_delivered: bool = False,
         schedule_retry: bool = False,
@@ -254,14 +320,23 @@ class Ledger:
                 values,
                 retry_after_s=retry_after_s,
                 schedule_retry=schedule_retry,
+                agents=caller.agents,
+                principal=_principal_guard(caller),
             )
-            return moved or self._refused_transition(obligation_id, holder, target)
+            return moved or self._refused_transition(obligation_id, holder, target, caller)
 
         return await self.runner.write(op)
 
-    def _refused_transition(self, obligation_id: str, holder: Holder, target: State) -> Obligation:
-        """Why a fenced transition changed nothing; a holder's repeat is answered with the row."""
-        row = self._existing(obligation_id)
+    def _refused_transition(
+        self, obligation_id: str, holder: Holder, target: State, caller: Caller
+    ) -> Obligation:
+        """Why a fenced transition changed nothing; a holder's repeat is answered with the row.
+
+        Another agent's row is a missing one; a holder instance the caller did not
+        register is an unknown one."""
+        row = self._existing(obligation_id, caller)
+        if self._instance(holder.instance_id, caller) is None:
+            raise _instance_not_found(holder.instance_id, _REGISTER_FIRST)
         if row.owner_instance_id != holder.instance_id or row.fence != holder.fence:
             raise FailedPrecondition(
                 "STALE_FENCE",
@@ -278,8 +353,9 @@ class Ledger:
             {"state": row.state.value},
         )
 
-    def _existing(self, obligation_id: str) -> Obligation:
-        row = self.store.get(obligation_id)
+    def _existing(self, obligation_id: str, caller: Caller = UNRESTRICTED) -> Obligation:
+        """The row; another agent's is answered exactly as a missing one."""
+        row = self.store.get(obligation_id, caller.agents)
         if row is None:
             raise NotFound("OBLIGATION_NOT_FOUND", f"obligation {obligation_id} does not exist")
         return row
@@ -287,8 +363,14 @@ class Ledger:
     # -- recovery -------------------------------------------------------------------------
 
     async def claim_recoverable(
-        self, instance_id: str, deliverable: Sequence[str] | None, limit: int
+        self,
+        instance_id: str,
+        deliverable: Sequence[str] | None,
+        limit: int,
+        caller: Caller = UNRESTRICTED,
     ) -> ClaimResult:
+        """Claims rows bound to the caller instance's gateway (or to none) that the
+        caller's agents own, on the platforms it can deliver to."""
         _instance_id(instance_id)
         requested = (
             None
@@ -301,34 +383,51 @@ class Ledger:
         limit = min(limit or self.limits.default_claim_limit, MAX_CLAIM_LIMIT)
 
         def op(now: float) -> ClaimResult:
-            caller = _require_live(self.store.get_instance(instance_id), instance_id, now)
-            platforms = caller.platforms if requested is None else requested
-            abandoned = self.store.abandon_exhausted(now)
-            gated = self.store.count_gated(now, platforms)
-            candidates = self.store.find_claimable(now, platforms, limit)
-            return ClaimResult(self.store.claim(now, candidates, instance_id), abandoned, gated)
+            claimer = _require_live(self._instance(instance_id, caller), instance_id, now)
+            platforms = claimer.platforms if requested is None else requested
+            scope = (claimer.gateway_name, caller.agents)
+            abandoned = self.store.abandon_exhausted(now, *scope)
+            gated = self.store.count_gated(now, platforms, *scope)
+            candidates = self.store.find_claimable(now, platforms, limit, *scope)
+            claimed = self.store.claim(now, candidates, instance_id, *scope)
+            return ClaimResult(claimed, abandoned, gated)
 
         return await self.runner.write(op)
 
     # -- operators ------------------------------------------------------------------------
 
-    async def get(self, obligation_id: str) -> Obligation:
+    async def get(self, obligation_id: str, caller: Caller = UNRESTRICTED) -> Obligation:
         _obligation_id(obligation_id)
-        return await self.runner.read(lambda: self._existing(obligation_id))
+        return await self.runner.read(lambda: self._existing(obligation_id, caller))
 
-    async def list(self, where: ObligationFilter, page_size: int, page_token: str) -> Page:
+    async def list(
+        self,
+        where: ObligationFilter,
+        page_size: int,
+        page_token: str,
+        caller: Caller = UNRESTRICTED,
+    ) -> Page:
+        """A page of rows, of the caller's agents only."""
         if where.platform:
             validation.platform("platform", where.platform)
         if where.owner_instance_id:
             _instance_id(where.owner_instance_id)
         validation.text("session_key", where.session_key, max_len=512)
+        validation.text("gateway_name", where.gateway_name, max_len=128)
         size = pagination.page_size(page_size)
-        filters = [where.state, where.platform, where.session_key, where.owner_instance_id]
+        filters: list[Any] = [
+            where.state,
+            where.platform,
+            where.session_key,
+            where.owner_instance_id,
+        ]
+        if where.gateway_name:  # tokens of earlier releases stay valid without it
+            filters.append(where.gateway_name)
         position = pagination.position_of(page_token, filters, float, str)
         after = None if position is None else (position[0], position[1])
 
         def op() -> Page:
-            rows = self.store.list_page(where, after, size + 1)
+            rows = self.store.list_page(where, after, size + 1, caller.agents)
             kept = min(size, pagination.fitting(row.answer_bytes() for row in rows))
             more = len(rows) > kept
             rows = rows[:kept]
@@ -337,7 +436,8 @@ class Ledger:
 
         return await self.runner.read(op)
 
-    async def retry(self, obligation_id: str) -> Obligation:
+    async def retry(self, obligation_id: str, caller: Caller = UNRESTRICTED) -> Obligation:
+        _require_admin(caller, "RetryObligation")
         _obligation_id(obligation_id)
 
         def op(now: float) -> Obligation:
@@ -373,7 +473,10 @@ class Ledger:
 
         return await self.runner.write(op)
 
-    async def abandon(self, obligation_id: str, reason: str) -> Obligation:
+    async def abandon(
+        self, obligation_id: str, reason: str, caller: Caller = UNRESTRICTED
+    ) -> Obligation:
+        _require_admin(caller, "AbandonObligation")
         _obligation_id(obligation_id)
         validation.text("reason", reason, max_len=1024)
 
@@ -399,9 +502,46 @@ class Ledger:
 
         return await self.runner.write(op)
 
-    async def stats(self) -> LedgerStats:
+    async def stats(self, caller: Caller = UNRESTRICTED) -> LedgerStats:
+        _require_admin(caller, "GetLedgerStats")
         return await self.runner.read(lambda: self.store.stats(self.runner.backend.now()))
 
-    async def prune(self, older_than_s: float | None) -> int:
+    async def prune(self, older_than_s: float | None, caller: Caller = UNRESTRICTED) -> int:
+        _require_admin(caller, "PruneObligations")
         retention = validation.seconds("older_than", older_than_s or self.limits.retention_s)
         return await self.runner.write(lambda now: self.store.prune(now, retention))
+
+    async def hand_over(
+        self,
+        from_gateway: str,
+        to_gateway: str,
+        obligation_ids: Sequence[str],
+        caller: Caller = UNRESTRICTED,
+    ) -> int:
+        """Binds owed rows of one gateway to another (all of them, or the ids named);
+        returns how many moved. "" as `from_gateway` names the rows of no known gateway."""
+        _require_admin(caller, "HandOverObligations")
+        validation.text("from_gateway_name", from_gateway, max_len=128)
+        _gateway_name("to_gateway_name", to_gateway)
+        if from_gateway == to_gateway:
+            raise InvalidArgument("to_gateway_name", "must differ from from_gateway_name")
+        if len(obligation_ids) > MAX_HAND_OVER_IDS:
+            raise InvalidArgument(
+                "obligation_ids",
+                f"has {len(obligation_ids)} entries; the limit is {MAX_HAND_OVER_IDS} "
+                "(leave it empty to hand over every owed row)",
+            )
+        for value in obligation_ids:
+            if not _OBLIGATION_ID.fullmatch(value):
+                raise InvalidArgument(
+                    "obligation_ids", f"{value[:40]!r} is not 24 lower-case hex characters"
+                )
+        ids = sorted(set(obligation_ids)) or None
+        return await self.runner.write(
+            lambda now: self.store.hand_over(now, from_gateway, to_gateway, ids)
+        )
+
+
+def _principal_guard(caller: Caller) -> str | None:
+    """The principal whose instances a store statement may use (None: any)."""
+    return None if caller.unrestricted else caller.principal

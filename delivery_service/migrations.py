@@ -7,6 +7,8 @@ in `delivery_service.store` keep changing, a shipped migration never does.
 
 from __future__ import annotations
 
+import re
+
 import peewee
 
 from switchboard.idempotency import LEDGER_REQUESTS, RequestRecordV1
@@ -95,7 +97,47 @@ def request_records(schema: Schema) -> None:
     schema.create_tables(LedgerRequestRecordV3)
 
 
-MIGRATIONS = (baseline, shared_settings, request_records)
+#: Frozen copy of `delivery_service.records.agent_of`'s pattern, as of migration 4.
+_AGENT_KEY_V4 = re.compile(r"agent:([a-z0-9][a-z0-9_-]{0,62}):")
+
+
+def row_scope(schema: Schema) -> None:
+    """Obligations remember their agent and gateway; instances who registered them."""
+    schema.run(
+        schema.migrator.add_column(
+            "ledger_obligation", "agent", peewee.CharField(max_length=64, default="")
+        ),
+        schema.migrator.add_column(
+            "ledger_obligation", "gateway_name", peewee.CharField(max_length=128, default="")
+        ),
+        schema.migrator.add_column("ledger_instance", "principal", peewee.TextField(default="")),
+    )
+    keys = schema.execute("SELECT DISTINCT session_key FROM ledger_obligation").fetchall()
+    agents = {match.group(1) for (key,) in keys if (match := _AGENT_KEY_V4.match(key))}
+    for agent in sorted(agents):
+        # substr, not LIKE: SQLite's LIKE ignores case and '_' is a wildcard.
+        prefix = f"agent:{agent}:"
+        schema.execute(
+            "UPDATE ledger_obligation SET agent = ? WHERE substr(session_key, 1, ?) = ?",
+            (agent, len(prefix), prefix),
+        )
+    # The recording instance is not known any more; its current owner is the best
+    # guess. Rows without an existing owner stay "" (any gateway may claim them).
+    schema.execute(
+        "UPDATE ledger_obligation SET gateway_name = (SELECT i.gateway_name FROM "
+        "ledger_instance i WHERE i.id = ledger_obligation.owner_instance_id) WHERE EXISTS "
+        "(SELECT 1 FROM ledger_instance i WHERE i.id = ledger_obligation.owner_instance_id)"
+    )
+    schema.run(
+        # Listing for a token's agents; claims and hand-overs of one gateway's rows.
+        schema.migrator.add_index("ledger_obligation", ("agent", "created_at", "id"), False),
+        schema.migrator.add_index(
+            "ledger_obligation", ("gateway_name", "state", "platform"), False
+        ),
+    )
+
+
+MIGRATIONS = (baseline, shared_settings, request_records, row_scope)
 
 DELIVERY_SCHEMA = Component(
     name="delivery",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 
 from delivery_service.state_machine import State
@@ -17,6 +18,48 @@ def compute_obligation_id(session_key: str, message_ref: str, content: str) -> s
     sessions, threads, turns or texts never collide."""
     payload = f"{session_key}|{message_ref}|{content}"
     return hashlib.sha256(payload.encode("utf-8", "replace")).hexdigest()[:24]
+
+
+#: `agent:<name>:...`, with the SessionService's agent-name syntax (1-63 of a-z, 0-9,
+#: "-", "_"): the routing keys it hands out start so.
+_AGENT_KEY = re.compile(r"agent:([a-z0-9][a-z0-9_-]{0,62}):")
+
+
+def agent_of(session_key: str) -> str:
+    """The agent a session key `agent:<name>:...` belongs to; "" for any other key
+    (no agent's token may record or read such a row; admins may)."""
+    match = _AGENT_KEY.match(session_key)
+    return match.group(1) if match else ""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who calls, as the rules need it (built by the servicer from the call's grant).
+
+    `agents` None is an unrestricted caller: an admin token, or authentication
+    off. Otherwise the caller acts for those agents only, through instances it
+    registered itself (`principal`), and a gateway token (`gateway` set) may
+    register under that one gateway name.
+    """
+
+    principal: str = ""
+    agents: frozenset[str] | None = None
+    gateway: str = ""
+
+    @property
+    def unrestricted(self) -> bool:
+        return self.agents is None
+
+    def may_act_for(self, agent: str) -> bool:
+        return self.agents is None or agent in self.agents
+
+    def owns(self, instance: Instance) -> bool:
+        """Whether the caller may name this instance (it registered it, or is unrestricted)."""
+        return self.agents is None or instance.principal == self.principal
+
+
+#: Admin and authentication off: every row, every instance.
+UNRESTRICTED = Caller()
 
 
 @dataclass(frozen=True)
@@ -41,6 +84,10 @@ class NewObligation:
     def id(self) -> str:
         return compute_obligation_id(self.session_key, self.message_ref, self.content)
 
+    @property
+    def agent(self) -> str:
+        return agent_of(self.session_key)
+
 
 @dataclass(frozen=True)
 class Obligation:
@@ -63,6 +110,11 @@ class Obligation:
     updated_at: float
     next_attempt_at: float | None
     delivered_at: float | None
+    #: The agent of `session_key` ("" for a key that is not `agent:<name>:...`).
+    agent: str = ""
+    #: The gateway (bot account) whose instances may claim the row; "" for any
+    #: (rows recorded before rows remembered their gateway).
+    gateway_name: str = ""
 
     def answer_bytes(self) -> int:
         """About what the row takes in an answer: its longest texts and a fixed rest."""
@@ -81,6 +133,8 @@ class Instance:
     heartbeat_at: float
     lease_expires_at: float
     deregistered_at: float | None
+    #: The principal of the grant that registered it ("" with authentication off).
+    principal: str = ""
 
     def live_at(self, now: float) -> bool:
         return self.deregistered_at is None and self.lease_expires_at > now
@@ -108,6 +162,7 @@ class ObligationFilter:
     platform: str = ""
     session_key: str = ""
     owner_instance_id: str = ""
+    gateway_name: str = ""
 
 
 @dataclass(frozen=True)

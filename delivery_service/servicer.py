@@ -1,7 +1,8 @@
 """The gRPC face of the ledger: converts messages, nothing more.
 
 Errors raised by the ledger reach the client through
-`switchboard.grpc_errors.DomainErrorInterceptor`.
+`switchboard.grpc_errors.DomainErrorInterceptor`. The caller's grant becomes a
+plain `Caller` here; the ledger's rules decide what it may do.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from google.protobuf.message import Message
 
 from delivery_service.ledger import Ledger
 from delivery_service.records import (
+    Caller,
     ClaimResult,
     Instance,
     NewObligation,
@@ -20,6 +22,7 @@ from delivery_service.records import (
     ObligationFilter,
 )
 from delivery_service.state_machine import State
+from switchboard import auth
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from switchboard.errors import InvalidArgument
@@ -57,6 +60,17 @@ def instance_pb(instance: Instance, live: bool | None = None) -> pb.Instance:
     )
 
 
+def caller() -> Caller:
+    """The call's grant as the ledger's rules take it: admin and authentication off
+    are unrestricted, any other token acts for its agents."""
+    grant = auth.current_grant()
+    if grant is None:
+        return Caller()
+    if grant.admin:
+        return Caller(principal=grant.principal)
+    return Caller(principal=grant.principal, agents=grant.agents, gateway=grant.gateway)
+
+
 def obligation_pb(row: Obligation) -> pb.Obligation:
     return pb.Obligation(
         id=row.id,
@@ -78,6 +92,8 @@ def obligation_pb(row: Obligation) -> pb.Obligation:
         update_time=timestamp(row.updated_at),
         next_attempt_time=timestamp(row.next_attempt_at),
         deliver_time=timestamp(row.delivered_at),
+        agent=row.agent,
+        gateway_name=row.gateway_name,
     )
 
 
@@ -108,6 +124,10 @@ def pruned_pb(pruned: int) -> pb.PruneObligationsResponse:
     return pb.PruneObligationsResponse(pruned_count=pruned)
 
 
+def handed_over_pb(moved: int) -> pb.HandOverObligationsResponse:
+    return pb.HandOverObligationsResponse(handed_over_count=moved)
+
+
 def claimed_pb(result: ClaimResult) -> pb.ClaimRecoverableResponse:
     return pb.ClaimRecoverableResponse(
         obligations=[obligation_pb(row) for row in result.obligations],
@@ -130,25 +150,25 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
     ) -> Instance:
         ttl = seconds_of(request.lease_ttl) if request.HasField("lease_ttl") else None
         return await self.ledger.register_instance(
-            request.gateway_name, request.host, request.pid, request.platforms, ttl
+            request.gateway_name, request.host, request.pid, request.platforms, ttl, caller()
         )
 
     @mutation(with_instance(pb.HeartbeatResponse))
     async def Heartbeat(  # noqa: N802
         self, request: pb.HeartbeatRequest, context: Context
     ) -> Instance:
-        return await self.ledger.heartbeat(request.instance_id, request.platforms)
+        return await self.ledger.heartbeat(request.instance_id, request.platforms, caller())
 
     @mutation(with_instance(pb.DeregisterInstanceResponse))
     async def DeregisterInstance(  # noqa: N802
         self, request: pb.DeregisterInstanceRequest, context: Context
     ) -> Instance:
-        return await self.ledger.deregister(request.instance_id)
+        return await self.ledger.deregister(request.instance_id, caller())
 
     async def GetInstance(  # noqa: N802
         self, request: pb.GetInstanceRequest, context: Context
     ) -> pb.GetInstanceResponse:
-        instance, live = await self.ledger.get_instance(request.instance_id)
+        instance, live = await self.ledger.get_instance(request.instance_id, caller())
         return pb.GetInstanceResponse(instance=instance_pb(instance, live))
 
     @mutation(recorded_pb)
@@ -164,14 +184,14 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             thread_id=request.thread_id,
             metadata=dict(request.metadata),
         )
-        return await self.ledger.record(request.instance_id, new, request.begin_attempt)
+        return await self.ledger.record(request.instance_id, new, request.begin_attempt, caller())
 
     @mutation(with_obligation(pb.MarkAttemptingResponse))
     async def MarkAttempting(  # noqa: N802
         self, request: pb.MarkAttemptingRequest, context: Context
     ) -> Obligation:
         return await self.ledger.mark_attempting(
-            request.obligation_id, request.instance_id, request.fence
+            request.obligation_id, request.instance_id, request.fence, caller()
         )
 
     @mutation(with_obligation(pb.MarkDeliveredResponse))
@@ -179,7 +199,11 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
         self, request: pb.MarkDeliveredRequest, context: Context
     ) -> Obligation:
         return await self.ledger.mark_delivered(
-            request.obligation_id, request.instance_id, request.fence, request.platform_message_id
+            request.obligation_id,
+            request.instance_id,
+            request.fence,
+            request.platform_message_id,
+            caller(),
         )
 
     @mutation(with_obligation(pb.MarkFailedResponse))
@@ -194,6 +218,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             request.error,
             request.retryable,
             retry_after,
+            caller(),
         )
 
     @mutation(claimed_pb)
@@ -205,12 +230,14 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             if request.HasField("deliverable_platforms")
             else None
         )
-        return await self.ledger.claim_recoverable(request.instance_id, deliverable, request.limit)
+        return await self.ledger.claim_recoverable(
+            request.instance_id, deliverable, request.limit, caller()
+        )
 
     async def GetObligation(  # noqa: N802
         self, request: pb.GetObligationRequest, context: Context
     ) -> pb.GetObligationResponse:
-        row = await self.ledger.get(request.obligation_id)
+        row = await self.ledger.get(request.obligation_id, caller())
         return pb.GetObligationResponse(obligation=obligation_pb(row))
 
     async def ListObligations(  # noqa: N802
@@ -221,8 +248,9 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             platform=request.platform,
             session_key=request.session_key,
             owner_instance_id=request.owner_instance_id,
+            gateway_name=request.gateway_name,
         )
-        page = await self.ledger.list(where, request.page_size, request.page_token)
+        page = await self.ledger.list(where, request.page_size, request.page_token, caller())
         return pb.ListObligationsResponse(
             obligations=[obligation_pb(row) for row in page.obligations],
             next_page_token=page.next_page_token,
@@ -232,18 +260,18 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
     async def RetryObligation(  # noqa: N802
         self, request: pb.RetryObligationRequest, context: Context
     ) -> Obligation:
-        return await self.ledger.retry(request.obligation_id)
+        return await self.ledger.retry(request.obligation_id, caller())
 
     @mutation(with_obligation(pb.AbandonObligationResponse))
     async def AbandonObligation(  # noqa: N802
         self, request: pb.AbandonObligationRequest, context: Context
     ) -> Obligation:
-        return await self.ledger.abandon(request.obligation_id, request.reason)
+        return await self.ledger.abandon(request.obligation_id, request.reason, caller())
 
     async def GetLedgerStats(  # noqa: N802
         self, request: pb.GetLedgerStatsRequest, context: Context
     ) -> pb.GetLedgerStatsResponse:
-        stats = await self.ledger.stats()
+        stats = await self.ledger.stats(caller())
         return pb.GetLedgerStatsResponse(
             state_counts=[
                 pb.StateCount(state=_STATE_TO_PB[state], count=count)
@@ -265,4 +293,15 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
         older_than = seconds_of(request.older_than) if request.HasField("older_than") else None
         if older_than is not None and older_than < 0:
             raise InvalidArgument("older_than", "must not be negative")
-        return await self.ledger.prune(older_than)
+        return await self.ledger.prune(older_than, caller())
+
+    @mutation(handed_over_pb)
+    async def HandOverObligations(  # noqa: N802
+        self, request: pb.HandOverObligationsRequest, context: Context
+    ) -> int:
+        return await self.ledger.hand_over(
+            request.from_gateway_name,
+            request.to_gateway_name,
+            list(request.obligation_ids),
+            caller(),
+        )

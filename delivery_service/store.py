@@ -40,6 +40,8 @@ class InstanceRow(peewee.Model):
     heartbeat_at = peewee.DoubleField()
     lease_expires_at = peewee.DoubleField()
     deregistered_at = peewee.DoubleField(null=True)
+    #: The grant's principal that registered it ("" with authentication off).
+    principal = peewee.TextField(default="")
 
     class Meta:
         table_name = "ledger_instance"
@@ -65,6 +67,8 @@ class ObligationRow(peewee.Model):
     updated_at = peewee.DoubleField()
     next_attempt_at = peewee.DoubleField(null=True)
     delivered_at = peewee.DoubleField(null=True)
+    agent = peewee.CharField(max_length=64, default="")  # of session_key; "" for none
+    gateway_name = peewee.CharField(max_length=128, default="")  # who may claim; "" any
 
     class Meta:
         table_name = "ledger_obligation"
@@ -73,10 +77,16 @@ class ObligationRow(peewee.Model):
             (("session_key", "created_at"), False),
             (("owner_instance_id",), False),
             (("created_at", "id"), False),
+            (("agent", "created_at", "id"), False),
+            (("gateway_name", "state", "platform"), False),
         )
 
 
 COLUMNS = tuple(field.column_name for field in ObligationRow._meta.sorted_fields)
+
+
+#: Whose rows a statement may touch: None for every agent, else these agents only.
+Agents = frozenset[str] | None
 
 
 class LedgerStore:
@@ -90,12 +100,15 @@ class LedgerStore:
         self._database: Any = backend.database
         self._param = self._database.param
         self._sql_cache: dict[tuple[Any, ...], str] = {}
-        self._insert_if_live = self._sql(
-            f"INSERT INTO ledger_obligation ({', '.join(COLUMNS)}) "
-            f"SELECT {', '.join('?' for _ in COLUMNS)} WHERE EXISTS "
-            "(SELECT 1 FROM ledger_instance WHERE id = ? AND lease_expires_at > ?) "
-            "ON CONFLICT (id) DO NOTHING"
+        # The row takes the recording instance's gateway, read in the same statement.
+        values = ", ".join("i.gateway_name" if c == "gateway_name" else "?" for c in COLUMNS)
+        insert = (
+            f"INSERT INTO ledger_obligation ({', '.join(COLUMNS)}) SELECT {values} "
+            "FROM ledger_instance i WHERE i.id = ? AND i.lease_expires_at > ?"
         )
+        conflict = " ON CONFLICT (id) DO NOTHING RETURNING gateway_name"
+        self._insert_if_live = self._sql(insert + conflict)
+        self._insert_if_own_live = self._sql(insert + " AND i.principal = ?" + conflict)
         backoff = self.limits.backoff_s
         steps = " ".join(f"WHEN attempts = {i} THEN {delay!r}" for i, delay in enumerate(backoff))
         self._backoff_delay = f"(CASE {steps} ELSE {backoff[-1]!r} END)"
@@ -115,6 +128,7 @@ class LedgerStore:
         pid: int,
         platforms: Sequence[str],
         lease_ttl_s: float,
+        principal: str = "",
     ) -> Instance:
         self.Instance.insert(
             id=instance_id,
@@ -125,11 +139,25 @@ class LedgerStore:
             registered_at=now,
             heartbeat_at=now,
             lease_expires_at=now + lease_ttl_s,
+            principal=principal,
         ).execute()
         return self._instance_or_none(instance_id)  # type: ignore[return-value]
 
-    def heartbeat(self, now: float, instance_id: str, platforms: Sequence[str]) -> int:
-        """Extends a live instance's lease; returns the rows changed (0: not live)."""
+    def _named(self, instance_id: str, principal: str | None) -> peewee.Expression:
+        """The instance `instance_id`, if `principal` (None: anyone) registered it."""
+        inst = self.Instance
+        named: peewee.Expression = inst.id == instance_id
+        return named if principal is None else named & (inst.principal == principal)
+
+    def heartbeat(
+        self,
+        now: float,
+        instance_id: str,
+        platforms: Sequence[str],
+        principal: str | None = None,
+    ) -> int:
+        """Extends a live instance's lease; returns the rows changed (0: not live, or
+        not registered by `principal`)."""
         inst = self.Instance
         return cast(
             int,
@@ -138,11 +166,11 @@ class LedgerStore:
                 lease_expires_at=now + (inst.lease_expires_at - inst.heartbeat_at),
                 platforms=",".join(platforms),
             )
-            .where((inst.id == instance_id) & (inst.lease_expires_at > now))
+            .where(self._named(instance_id, principal) & (inst.lease_expires_at > now))
             .execute(),
         )
 
-    def deregister(self, now: float, instance_id: str) -> int:
+    def deregister(self, now: float, instance_id: str, principal: str | None = None) -> int:
         inst = self.Instance
         lease_ends_now = peewee.Case(
             None, [(inst.lease_expires_at > now, now)], inst.lease_expires_at
@@ -150,7 +178,7 @@ class LedgerStore:
         return cast(
             int,
             inst.update(deregistered_at=now, lease_expires_at=lease_ends_now)
-            .where((inst.id == instance_id) & inst.deregistered_at.is_null())
+            .where(self._named(instance_id, principal) & inst.deregistered_at.is_null())
             .execute(),
         )
 
@@ -168,12 +196,18 @@ class LedgerStore:
     # -- obligations ----------------------------------------------------------------------
 
     def insert_if_live(
-        self, now: float, new: NewObligation, owner: str, state: State = State.PENDING
+        self,
+        now: float,
+        new: NewObligation,
+        owner: str,
+        state: State = State.PENDING,
+        principal: str | None = None,
     ) -> Obligation | None:
-        """Inserts a row owned by `owner` if that instance is live and the id is new.
+        """Inserts a row owned by `owner` if that instance is live (and registered by
+        `principal`, unless None) and the id is new. The row takes the owner's gateway.
 
-        None when the owner is not live or the id exists (an existing row is
-        never reset: insert-or-ignore, not insert-or-replace).
+        None when the owner is not live or not the principal's, or the id exists (an
+        existing row is never reset: insert-or-ignore, not insert-or-replace).
         """
         values = {
             "id": new.id,
@@ -195,13 +229,24 @@ class LedgerStore:
             "updated_at": now,
             "next_attempt_at": None,
             "delivered_at": None,
+            "agent": new.agent,
         }
-        params = [values[column] for column in COLUMNS] + [owner, now]
-        inserted = self._database.execute_sql(self._insert_if_live, params).rowcount
-        return _obligation_from(values) if inserted == 1 else None
+        params = [values[column] for column in COLUMNS if column != "gateway_name"]
+        params += [owner, now]
+        sql = self._insert_if_live
+        if principal is not None:
+            sql = self._insert_if_own_live
+            params.append(principal)
+        inserted = self._database.execute_sql(sql, params).fetchone()
+        if inserted is None:
+            return None
+        return _obligation_from({**values, "gateway_name": inserted[0]})
 
-    def get(self, obligation_id: str) -> Obligation | None:
-        row = self.Obligation.select().where(self.Obligation.id == obligation_id).dicts().first()
+    def get(self, obligation_id: str, agents: Agents = None) -> Obligation | None:
+        """The row, if it belongs to one of `agents` (None: any)."""
+        obl = self.Obligation
+        query = obl.select().where((obl.id == obligation_id) & _of_agents(obl, agents))
+        row = query.dicts().first()
         return None if row is None else _obligation_from(row)
 
     def transition(
@@ -213,23 +258,42 @@ class LedgerStore:
         changes: dict[str, Any],
         retry_after_s: float | None = None,
         schedule_retry: bool = False,
+        agents: Agents = None,
+        principal: str | None = None,
     ) -> Obligation | None:
         """The fenced transition: applies `changes` only for the holder and from `sources`.
 
         With `schedule_retry`, `next_attempt_at` becomes now plus `retry_after_s`,
-        or the backoff step for the attempts the row has spent.
+        or the backoff step for the attempts the row has spent. With `agents`, only a
+        row of those agents moves; with `principal`, only under a holder instance that
+        principal registered.
         """
-        key = (tuple(changes), len(sources), schedule_retry, retry_after_s is None)
+        key = (
+            tuple(changes),
+            len(sources),
+            schedule_retry,
+            retry_after_s is None,
+            None if agents is None else len(agents),
+            principal is None,
+        )
         sql = self._sql_cache.get(key)
         if sql is None:
             assignments = ["updated_at = ?", *(f"{column} = ?" for column in changes)]
             if schedule_retry:
                 delay = "?" if retry_after_s is not None else self._backoff_delay
                 assignments.append(f"next_attempt_at = ? + {delay}")
+            scope = ""
+            if agents is not None:
+                scope += " AND " + _agents_in(len(agents))
+            if principal is not None:
+                scope += (
+                    " AND EXISTS (SELECT 1 FROM ledger_instance i WHERE "
+                    "i.id = ledger_obligation.owner_instance_id AND i.principal = ?)"
+                )
             sql = self._sql_cache[key] = self._sql(
                 f"UPDATE ledger_obligation SET {', '.join(assignments)} "
                 "WHERE id = ? AND owner_instance_id = ? AND fence = ? "
-                f"AND state IN ({', '.join('?' for _ in sources)}) "
+                f"AND state IN ({', '.join('?' for _ in sources)}){scope} "
                 f"RETURNING {', '.join(COLUMNS)}"
             )
         params: list[Any] = [now, *changes.values()]
@@ -238,6 +302,10 @@ class LedgerStore:
             if retry_after_s is not None:
                 params.append(retry_after_s)
         params += [obligation_id, holder.instance_id, holder.fence, *(s.value for s in sources)]
+        if agents is not None:
+            params += sorted(agents)
+        if principal is not None:
+            params.append(principal)
         row = self._database.execute_sql(sql, params).fetchone()
         return None if row is None else _obligation_from(dict(zip(COLUMNS, row, strict=True)))
 
@@ -254,6 +322,17 @@ class LedgerStore:
         )
         rows = list(query.execute())
         return _obligation_from(rows[0]) if rows else None
+
+    def hand_over(
+        self, now: float, from_gateway: str, to_gateway: str, ids: Sequence[str] | None
+    ) -> int:
+        """Binds the owed rows of `from_gateway` (only those of `ids`, unless None) to
+        `to_gateway`; holders and fences are left alone. Returns the rows moved."""
+        obl = self.Obligation
+        moved = (obl.gateway_name == from_gateway) & obl.state.in_([s.value for s in OWED])
+        if ids is not None:
+            moved &= obl.id.in_(list(ids))
+        return cast(int, obl.update(gateway_name=to_gateway, updated_at=now).where(moved).execute())
 
     # -- recovery -------------------------------------------------------------------------
 
@@ -272,10 +351,22 @@ class LedgerStore:
             ),
         )
 
-    def abandon_exhausted(self, now: float) -> int:
-        """Recoverable rows over the attempts cap or past the stale cutoff → ABANDONED."""
+    def _claimable_by(self, now: float, gateway_name: str, agents: Agents) -> peewee.Expression:
+        """Recoverable rows a claimer of `gateway_name` acting for `agents` answers for:
+        its gateway's rows and those of no known gateway."""
         obl = self.Obligation
-        recoverable = self._recoverable(now)
+        claimable: peewee.Expression = (
+            self._recoverable(now)
+            & obl.gateway_name.in_([gateway_name, ""])
+            & _of_agents(obl, agents)
+        )
+        return claimable
+
+    def abandon_exhausted(self, now: float, gateway_name: str, agents: Agents) -> int:
+        """The claimer's recoverable rows over the attempts cap or past the stale
+        cutoff → ABANDONED, whatever their platform (stale rows expire anyway)."""
+        obl = self.Obligation
+        recoverable = self._claimable_by(now, gateway_name, agents)
         over_cap = (
             obl.update(
                 state=State.ABANDONED.value,
@@ -298,26 +389,34 @@ class LedgerStore:
         )
         return cast(int, over_cap) + cast(int, stale)
 
-    def count_gated(self, now: float, deliverable: Sequence[str]) -> int:
+    def count_gated(
+        self, now: float, deliverable: Sequence[str], gateway_name: str, agents: Agents
+    ) -> int:
+        """The claimer's recoverable rows for platforms it cannot deliver to."""
         obl = self.Obligation
-        return (
-            obl.select()
-            .where(self._recoverable(now) & obl.platform.not_in(list(deliverable)))
-            .count()
+        gated = self._claimable_by(now, gateway_name, agents) & obl.platform.not_in(
+            list(deliverable)
         )
+        return int(obl.select().where(gated).count())
 
     def find_claimable(
-        self, now: float, deliverable: Sequence[str], limit: int
+        self,
+        now: float,
+        deliverable: Sequence[str],
+        limit: int,
+        gateway_name: str,
+        agents: Agents,
     ) -> list[tuple[str, str, int]]:
-        """(id, state, fence) of claimable rows in delivery order, locked where the
-        backend can lock; rows another claimer holds locked are skipped."""
+        """(id, state, fence) of rows the claimer may claim, in delivery order, locked
+        where the backend can lock; rows another claimer holds locked are skipped."""
         if not deliverable:
             return []
         obl = self.Obligation
         size = self._octets(obl.content) + self._octets(obl.metadata) + ROW_OVERHEAD_BYTES
+        claimable = self._claimable_by(now, gateway_name, agents)
         query = (
             obl.select(obl.id, obl.state, obl.fence, size.alias("size"))
-            .where(self._recoverable(now) & obl.platform.in_(list(deliverable)))
+            .where(claimable & obl.platform.in_(list(deliverable)))
             .order_by(obl.session_key, obl.created_at, obl.id)
             .limit(limit)
         )
@@ -336,12 +435,19 @@ class LedgerStore:
         return fn.OCTET_LENGTH(column)
 
     def claim(
-        self, now: float, candidates: Sequence[tuple[str, str, int]], instance_id: str
+        self,
+        now: float,
+        candidates: Sequence[tuple[str, str, int]],
+        instance_id: str,
+        gateway_name: str,
+        agents: Agents,
     ) -> list[Obligation]:
         """Claims the candidates that are still exactly as they were read.
 
         The guard on (id, state, fence) is what keeps a row that was delivered,
-        failed or re-claimed since `find_claimable` untouched.
+        failed or re-claimed since `find_claimable` untouched; the claimer's
+        gateway and agents are guarded again, so that this write alone can never
+        take a row another gateway or agent answers for.
         """
         if not candidates:
             return []
@@ -349,6 +455,7 @@ class LedgerStore:
         guard = peewee.Tuple(obl.id, obl.state, obl.fence).in_(
             [peewee.Tuple(*candidate) for candidate in candidates]
         )
+        scope = obl.gateway_name.in_([gateway_name, ""]) & _of_agents(obl, agents)
         claimed = (
             obl.update(
                 state=State.ATTEMPTING.value,
@@ -359,7 +466,7 @@ class LedgerStore:
                 next_attempt_at=None,
                 updated_at=now,
             )
-            .where(guard)
+            .where(guard & scope)
             .returning(obl)
             .dicts()
             .execute()
@@ -370,10 +477,15 @@ class LedgerStore:
     # -- reads for operators --------------------------------------------------------------
 
     def list_page(
-        self, where: ObligationFilter, after: tuple[float, str] | None, limit: int
+        self,
+        where: ObligationFilter,
+        after: tuple[float, str] | None,
+        limit: int,
+        agents: Agents = None,
     ) -> list[Obligation]:
+        """A page of rows matching `where`, of `agents` only (None: every agent)."""
         obl = self.Obligation
-        query = obl.select()
+        query = obl.select().where(_of_agents(obl, agents))
         if where.state is not None:
             query = query.where(obl.state == where.state.value)
         if where.platform:
@@ -382,6 +494,8 @@ class LedgerStore:
             query = query.where(obl.session_key == where.session_key)
         if where.owner_instance_id:
             query = query.where(obl.owner_instance_id == where.owner_instance_id)
+        if where.gateway_name:
+            query = query.where(obl.gateway_name == where.gateway_name)
         if after is not None:
             query = query.where(peewee.Tuple(obl.created_at, obl.id) > peewee.Tuple(*after))
         query = query.order_by(obl.created_at, obl.id).limit(limit)
@@ -397,18 +511,17 @@ class LedgerStore:
         recoverable = self._recoverable(now)
         in_doubt = obl.select().where(recoverable & (obl.state == State.ATTEMPTING.value)).count()
         live = self.live_instances(now)
-        connected = {platform for instance in live for platform in instance.platforms}
         gated: dict[str, int] = {}
-        per_platform = cast(
-            Iterable[tuple[str, int]],
-            obl.select(obl.platform, fn.COUNT(obl.id))
+        per_gateway = cast(
+            Iterable[tuple[str, str, int]],
+            obl.select(obl.gateway_name, obl.platform, fn.COUNT(obl.id))
             .where(recoverable)
-            .group_by(obl.platform)
+            .group_by(obl.gateway_name, obl.platform)
             .tuples(),
         )
-        for platform, count in per_platform:
-            if platform not in connected:
-                gated[platform] = int(count)
+        for gateway_name, platform, count in per_gateway:
+            if not _deliverable_by(live, gateway_name, platform):
+                gated[platform] = gated.get(platform, 0) + int(count)
         return LedgerStats(
             state_counts=counts,
             oldest_pending_age_s=max(0.0, now - float(oldest)) if oldest is not None else 0.0,
@@ -429,6 +542,28 @@ class LedgerStore:
         )
 
 
+def _of_agents(obl: Any, agents: Agents) -> peewee.Expression:
+    """Rows of `agents` (None: every row). An empty set matches nothing."""
+    if agents is None:
+        return cast(peewee.Expression, SQL("1 = 1"))
+    if not agents:
+        return cast(peewee.Expression, SQL("1 = 0"))
+    return cast(peewee.Expression, obl.agent.in_(sorted(agents)))
+
+
+def _agents_in(count: int) -> str:
+    """The prepared-SQL form of `_of_agents` for `count` agents."""
+    return f"agent IN ({', '.join('?' for _ in range(count))})" if count else "1 = 0"
+
+
+def _deliverable_by(live: Sequence[Instance], gateway_name: str, platform: str) -> bool:
+    """Whether a live instance may claim a row of this gateway and platform now."""
+    return any(
+        platform in instance.platforms and gateway_name in ("", instance.gateway_name)
+        for instance in live
+    )
+
+
 def _instance(row: InstanceRow) -> Instance:
     return Instance(
         id=row.id,
@@ -440,6 +575,7 @@ def _instance(row: InstanceRow) -> Instance:
         heartbeat_at=row.heartbeat_at,
         lease_expires_at=row.lease_expires_at,
         deregistered_at=row.deregistered_at,
+        principal=row.principal,
     )
 
 
@@ -464,4 +600,6 @@ def _obligation_from(row: dict[str, Any]) -> Obligation:
         updated_at=float(row["updated_at"]),
         next_attempt_at=row["next_attempt_at"],
         delivered_at=row["delivered_at"],
+        agent=row["agent"],
+        gateway_name=row["gateway_name"],
     )

@@ -31,6 +31,7 @@ ADMIN_ONLY = frozenset(
         "CreateAgent", "UpdateAgent", "DeleteAgent", "ListAgents", "Rewind", "Checkout",
         "CreateCheckpoint", "TruncateLog", "PruneObligations", "RetryObligation",
         "AbandonObligation",
+        "GetLedgerStats", "HandOverObligations",
     }
 )  # fmt: skip
 #: Request fields that name an agent; every one present must be in the token's scope.

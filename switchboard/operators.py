@@ -164,23 +164,30 @@ def register(session: click.Group, main: click.Group) -> None:
     @delivery.command("obligations")
     @click.option("--platform", default="")
     @click.option("--session-key", default="")
+    @click.option("--gateway", default="", help="Only rows bound to this gateway name.")
     @_delivery_address
     @_token
-    def obligations(platform: str, session_key: str, address: str, token: str | None) -> None:
-        """List obligations, oldest first."""
+    def obligations(
+        platform: str, session_key: str, gateway: str, address: str, token: str | None
+    ) -> None:
+        """List obligations, oldest first (an agent token sees its agents' only)."""
         from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 
         rows = _with_ledger(
             address,
             token,
-            lambda c: list(c.list(platform=platform, session_key=session_key)),
+            lambda c: list(
+                c.list(platform=platform, session_key=session_key, gateway_name=gateway)
+            ),
         )
         _table(
             "obligations",
-            ["id", "state", "platform", "chat", "attempts", "owner", "last error"],
+            ["id", "state", "agent", "gateway", "platform", "chat", "attempts", "owner",
+             "last error"],
             [
                 [o.id, dpb.ObligationState.Name(o.state).removeprefix("OBLIGATION_STATE_"),
-                 o.platform, o.chat_id, o.attempts, o.owner_instance_id[:8], o.last_error]
+                 o.agent, o.gateway_name, o.platform, o.chat_id, o.attempts,
+                 o.owner_instance_id[:8], o.last_error]
                 for o in rows
             ],
         )  # fmt: skip
@@ -243,3 +250,24 @@ def register(session: click.Group, main: click.Group) -> None:
         """Give up on an owed row."""
         row = _with_ledger(address, token, lambda c: c.abandon(obligation_id, reason))
         click.echo(f"{row.id} abandoned")
+
+    @delivery.command("hand-over")
+    @click.option(
+        "--from", "from_gateway", required=True, help='Gateway name ("" for rows of none).'
+    )
+    @click.option("--to", "to_gateway", required=True, help="Gateway name that claims them now.")
+    @click.option("--id", "obligation_ids", multiple=True, help="Only this row (repeatable).")
+    @_delivery_address
+    @_token
+    def hand_over(
+        from_gateway: str,
+        to_gateway: str,
+        obligation_ids: tuple[str, ...],
+        address: str,
+        token: str | None,
+    ) -> None:
+        """Let another gateway's instances claim one gateway's owed rows (admin)."""
+        moved = _with_ledger(
+            address, token, lambda c: c.hand_over(from_gateway, to_gateway, obligation_ids)
+        )
+        click.echo(f"handed {moved} row(s) over from {from_gateway!r} to {to_gateway!r}")

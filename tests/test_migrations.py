@@ -72,7 +72,9 @@ def _pre_versioning_schema(backend: Backend) -> None:
         database.create_tables(store.models, safe=True)
         store.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
         store.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
-        database.create_tables(_store_models(backend, DELIVERY_SCHEMA), safe=True)
+        # The ledger's tables as that release had them: the frozen baseline models.
+        with database.bind_ctx(DELIVERY_BASELINE):
+            database.create_tables(DELIVERY_BASELINE, safe=True)
 
 
 def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) -> None:
@@ -91,6 +93,28 @@ def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) 
                     "session_session", "resume_pending"
                 )
             )
+        _drop_row_scope(database)
+
+
+#: What delivery migration 4 (row_scope) added: (table, column) and indexes.
+ROW_SCOPE_COLUMNS = (
+    ("ledger_obligation", "agent"),
+    ("ledger_obligation", "gateway_name"),
+    ("ledger_instance", "principal"),
+)
+ROW_SCOPE_INDEXES = (
+    "ledger_obligation_agent_created_at_id",
+    "ledger_obligation_gateway_name_state_platform",
+)
+
+
+def _drop_row_scope(database: Any) -> None:
+    """A ledger as it was before rows remembered their agent and gateway."""
+    migrator = SchemaMigrator.from_database(database)
+    for index in ROW_SCOPE_INDEXES:
+        migrate(migrator.drop_index("ledger_obligation", index))
+    for table, column in ROW_SCOPE_COLUMNS:
+        migrate(migrator.drop_column(table, column))
 
 
 def _columns(backend: Backend) -> dict[str, list[str]]:
@@ -243,6 +267,11 @@ def test_the_release_fixture_migrates_and_reads_back_as_the_old_code_saw_it(
         delivery_stub = dpb_grpc.DeliveryServiceStub(ledger.channel)
         assert reads.read_sessions(session_stub, expected["head"]) == expected["sessions"]
         got = reads.read_ledger(delivery_stub, expected["instance_ids"])
+        # Migration 4 filled in what that release did not know: each row's agent
+        # (from its session key) and gateway (its owner's). The rest reads the same.
+        for listing in ("obligations", "fetched"):
+            for row in got[listing]:
+                assert (row.pop("agent"), row.pop("gateway_name")) == ("alpha", "fixture-gateway")
         assert got == expected["ledger"]
     session_backend = open_backend(DatabaseSettings(url=session_url))
     assert _history(session_backend, SESSION_SCHEMA) == _adopted(SESSION_SCHEMA)

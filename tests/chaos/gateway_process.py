@@ -60,7 +60,7 @@ def main(
     session_address: str, delivery_address: str, sends: str, tag: str, count: int, seed: int
 ) -> None:
     gateway = Gateway(
-        f"chaos-{tag}",
+        "chaos-gateway",  # one bot's processes: only they claim its rows
         "main",
         SessionClient(session_address),
         DeliveryClient(delivery_address),

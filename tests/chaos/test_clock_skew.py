@@ -94,7 +94,8 @@ def _duration(seconds: float) -> duration_pb2.Duration:
 def _register(
     stub: dpb_grpc.DeliveryServiceStub, name: str, lease_ttl_s: float | None = None
 ) -> str:
-    request = dpb.RegisterInstanceRequest(gateway_name=name, platforms=["slack"])
+    # One bot's instances (only they claim its rows); the name tells them apart.
+    request = dpb.RegisterInstanceRequest(gateway_name="skew", host=name, platforms=["slack"])
     if lease_ttl_s is not None:
         request.lease_ttl.CopyFrom(_duration(lease_ttl_s))
     return str(stub.RegisterInstance(request, timeout=TIMEOUT_S).instance.instance_id)

@@ -205,7 +205,7 @@ def _kill_round(
 
     platform = LoopbackPlatform()
     rescuer = Gateway(
-        "rescuer",
+        "chaos-gateway",  # the killed gateways' bot, started again
         "main",
         services.sessions,
         services.ledger,

@@ -298,7 +298,8 @@ def _delivery_stub(replicas: Replicas, index: int) -> dpb_grpc.DeliveryServiceSt
 
 
 def _register(stub: dpb_grpc.DeliveryServiceStub, name: str, platform: str = "slack") -> str:
-    request = dpb.RegisterInstanceRequest(gateway_name=name, platforms=[platform])
+    # One bot's instances (only they claim its rows); the name tells them apart.
+    request = dpb.RegisterInstanceRequest(gateway_name="fleet", host=name, platforms=[platform])
     return str(stub.RegisterInstance(request, timeout=TIMEOUT_S).instance.instance_id)
 
 

@@ -48,6 +48,8 @@ pytestmark = [pytest.mark.chaos, pytest.mark.slow, DEADLINE]
 
 WRITERS = 4
 CALL_TIMEOUT_S = 10.0
+#: Every instance is one bot's: its claimers take over the rows of its killed writers.
+GATEWAY = "chaos-gateway"
 
 
 def _kill_after_random_load(
@@ -383,7 +385,7 @@ def _ledger_gateway(
     """A gateway's send path: record → (attempting) → delivered or failed, until the kill."""
     try:
         instance_id = stub.RegisterInstance(
-            dpb.RegisterInstanceRequest(gateway_name=tag, platforms=["slack"]),
+            dpb.RegisterInstanceRequest(gateway_name=GATEWAY, host=tag, platforms=["slack"]),
             timeout=CALL_TIMEOUT_S,
         ).instance.instance_id
     except grpc.RpcError:
@@ -461,7 +463,7 @@ def _ledger_claimer(
     """Claims orphans of earlier rounds (and due retries) and delivers them."""
     try:
         instance_id = stub.RegisterInstance(
-            dpb.RegisterInstanceRequest(gateway_name="claimer", platforms=["slack"]),
+            dpb.RegisterInstanceRequest(gateway_name=GATEWAY, host="claimer", platforms=["slack"]),
             timeout=CALL_TIMEOUT_S,
         ).instance.instance_id
     except grpc.RpcError:
@@ -617,7 +619,8 @@ def test_sigkill_delivery_service_under_load(database_url: str, processes: Proce
     with channel_to(server.address) as channel:
         stub = dpb_grpc.DeliveryServiceStub(channel)
         drainer = stub.RegisterInstance(
-            dpb.RegisterInstanceRequest(gateway_name="drainer", platforms=["slack"]), timeout=10
+            dpb.RegisterInstanceRequest(gateway_name=GATEWAY, host="drainer", platforms=["slack"]),
+            timeout=10,
         ).instance.instance_id
 
         def drained() -> bool:

@@ -16,7 +16,7 @@ from switchboard.session.v1 import session_service_pb2 as pb
 
 def main(session_address: str, delivery_address: str, idempotent: bool) -> None:
     gateway = Gateway(
-        "crashing-gateway",
+        "test-gateway",  # the bot the test restarts: only its instances claim its rows
         "main",
         SessionClient(session_address),
         DeliveryClient(delivery_address),

@@ -422,7 +422,7 @@ def test_service_config_retries_exactly_the_idempotent_methods() -> None:
     methods = {method.name for method in service.methods}
     assert methods == IDEMPOTENT | NOT_IDEMPOTENT, "every method is classified"
     assert set(REQUEST_ID_METHODS) == WRITES, "the client sets ids for exactly the writes"
-    assert len(WRITES) == 11
+    assert len(WRITES) == 12
 
     config = json.loads(json.dumps(SERVICE_CONFIG))
     assert config == SERVICE_CONFIG, "the config is plain JSON"

@@ -16,6 +16,7 @@ from switchboard_client.loopback import LoopbackPlatform
 from switchboard_client.transports import CronJob, CronTransport
 
 from delivery_service.state_machine import LedgerLimits
+from switchboard.auth import parse_tokens
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import EventLoopThread, delivery_server, session_server
@@ -258,3 +259,60 @@ def test_a_platform_that_can_tell_is_asked_instead_of_resending(services: Servic
     assert platform.sent == [], "no duplicate went out"
     assert services.ledger.get(owed.id).platform_message_id == "platform-msg-7"
     assert list(services.sessions.list_resumable("main").sessions) == [], "the turn is finished"
+
+
+def test_two_bots_with_their_own_tokens_each_recover_only_their_own_replies(
+    database_url: str, loop_thread: EventLoopThread
+) -> None:
+    """Issue 12: two bots on one platform, each with its gateway token. A failed
+    reply is redelivered by a new process of the bot that owes it, never the other."""
+    grants = parse_tokens("root=admin;tg=gateway:tgbot:main;mb=gateway:mainbot:main")
+    limits = LedgerLimits(lease_ttl_s=1.0, backoff_s=(0.2,))
+    chats = {"tgbot": ("tg", "chat-tg"), "mainbot": ("mb", "chat-mb")}
+    with (
+        session_server(loop_thread, database_url, auth=grants) as session,
+        delivery_server(loop_thread, database_url, limits, auth=grants) as delivery,
+        SessionClient(session.address, token="root") as admin_sessions,
+        DeliveryClient(delivery.address, token="root") as admin_ledger,
+    ):
+        admin_sessions.create_agent("main")
+
+        def bot(name: str, platform: LoopbackPlatform) -> Gateway:
+            token = chats[name][0]
+            return Gateway(
+                name, "main",
+                SessionClient(session.address, token=token),
+                DeliveryClient(delivery.address, token=token),
+                [platform], echo, heartbeat_s=0.2, claim_every_s=3600,
+            )  # fmt: skip
+
+        for name, (_, chat) in chats.items():
+            failing = bot(name, LoopbackPlatform(mode="fail"))
+            failing.start()
+            source = pb.Source(transport="loopback", chat_type=pb.CHAT_TYPE_DM, chat_id=chat)
+            failing.handle(Inbound(source, f"hello {name}", message_ref="m-1"))
+            failing.stop()
+        rows = {row.gateway_name: row for row in admin_ledger.list()}
+        assert {name: row.state for name, row in rows.items()} == {
+            "tgbot": dpb.OBLIGATION_STATE_FAILED,
+            "mainbot": dpb.OBLIGATION_STATE_FAILED,
+        }
+        for name, (_, chat) in reversed(chats.items()):
+            platform = LoopbackPlatform()
+            restarted = bot(name, platform)
+            restarted.start()
+            try:
+                deadline = time.monotonic() + 30
+                while admin_ledger.get(rows[name].id).state != dpb.OBLIGATION_STATE_DELIVERED:
+                    assert time.monotonic() < deadline, f"{name} did not redeliver its reply"
+                    restarted.recover()
+                    time.sleep(0.05)
+                restarted.recover()  # nothing of the other bot's, even when due
+            finally:
+                restarted.stop()
+            assert [(s.chat_id, s.text) for s in platform.sent] == [
+                (chat, RECOVERED_MARKER + f"answer to hello {name}")
+            ]
+        assert {admin_ledger.get(row.id).state for row in rows.values()} == {
+            dpb.OBLIGATION_STATE_DELIVERED
+        }

@@ -52,6 +52,12 @@ def test_operator_commands(tmp_path: Path, loop_thread: EventLoopThread) -> None
         listed = run("delivery", "obligations", "--address", delivery.address)
         assert "PENDING" in listed and "slack" in listed
         assert "PENDING" in run("delivery", "stats", "--address", delivery.address)
+        moved = run("delivery", "hand-over", "--from", "gw", "--to", "gw2", "--id", row.id,
+                    "--address", delivery.address)  # fmt: skip
+        assert "handed 1 row(s) over from 'gw' to 'gw2'" in moved
+        assert ledger.get(row.id).gateway_name == "gw2"
+        assert row.id in run("delivery", "obligations", "--gateway", "gw2", "--address",
+                             delivery.address)  # fmt: skip
 
         denied = runner.invoke(main, ["session", "agents", *address, "--token", "wrong"])
         assert denied.exit_code != 0 and "UNAUTHENTICATED" in denied.output

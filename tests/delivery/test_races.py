@@ -87,14 +87,14 @@ def test_row_delivered_between_claim_read_and_write_is_untouched(
     store, backend = delivery.unit.store, delivery.unit.store.backend
 
     with backend.database.connection_context():
-        candidates = store.find_claimable(backend.now(), ["slack"], 100)
+        candidates = store.find_claimable(backend.now(), ["slack"], 100, "test-gateway", None)
     assert {c[0] for c in candidates} == {row.id for row in rows}
 
     # The old holder's send completes after all: it may still record that.
     slow_sender.delivered(rows[0], "pm-late")
 
     with backend.database.connection_context(), backend.write_transaction():
-        claimed = store.claim(backend.now(), candidates, rescuer.instance_id)
+        claimed = store.claim(backend.now(), candidates, rescuer.instance_id, "test-gateway", None)
 
     assert {row.id for row in claimed} == {rows[1].id, rows[2].id}
     late = get(delivery.stub, rows[0].id)

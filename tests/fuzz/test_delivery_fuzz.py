@@ -270,6 +270,15 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
     "PruneObligations": lambda seed: request(
         message(pb.PruneObligationsRequest, older_than=duration(1, 3600, 7 * 86400))
     ),
+    "HandOverObligations": lambda seed: request(
+        message(
+            pb.HandOverObligationsRequest,
+            base=st.just({"from_gateway_name": "fuzz-gateway", "to_gateway_name": "gw-2"}),
+            from_gateway_name=text("", "fuzz-gateway", "dead-gateway"),
+            to_gateway_name=text("gw-2", "dead-gateway"),
+            obligation_ids=string_list(_obligation(seed), [], [seed.holdings[0].obligation_id]),
+        )
+    ),
 }
 
 #: RPCs that never write, whatever they answer.

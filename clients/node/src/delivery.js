@@ -119,7 +119,9 @@ export class DeliveryClient extends BaseClient {
    * Claims owed rows for redelivery, fleet-wide: abandons rows over the
    * attempts cap or past the stale cutoff, leaves rows for platforms the caller
    * cannot deliver to untouched, and moves each claimed row to ATTEMPTING
-   * under the caller with a new fence. Exactly one caller wins each row.
+   * under the caller with a new fence. Exactly one caller wins each row. Only
+   * rows bound to the caller instance's gateway (or to none) and, for an agent
+   * or gateway token, rows of its agents.
    * @param {ProtoMessage} [request] ClaimRecoverableRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} ClaimRecoverableResponse
@@ -149,8 +151,9 @@ export class DeliveryClient extends BaseClient {
   }
 
   /**
-   * Operator action: makes a FAILED or ABANDONED row due for redelivery now,
-   * with its attempts budget reset. A DELIVERED row is never reopened.
+   * Operator action (admin only): makes a FAILED or ABANDONED row due for
+   * redelivery now, with its attempts budget reset. A DELIVERED row is never
+   * reopened.
    * @param {ProtoMessage} [request] RetryObligationRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} RetryObligationResponse
@@ -160,7 +163,7 @@ export class DeliveryClient extends BaseClient {
   }
 
   /**
-   * Operator action: gives up on a non-terminal row.
+   * Operator action (admin only): gives up on a non-terminal row.
    * @param {ProtoMessage} [request] AbandonObligationRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} AbandonObligationResponse
@@ -171,7 +174,8 @@ export class DeliveryClient extends BaseClient {
 
   /**
    * Counts per state, age of the oldest pending row, rows in doubt and rows
-   * waiting for a platform that no live instance has connected.
+   * waiting for a platform that no live instance of their gateway has
+   * connected. Admin only.
    * @param {ProtoMessage} [request] GetLedgerStatsRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} GetLedgerStatsResponse
@@ -182,12 +186,25 @@ export class DeliveryClient extends BaseClient {
 
   /**
    * Deletes terminal rows (DELIVERED, ABANDONED) older than the retention.
-   * Never deletes a row that is still owed.
+   * Never deletes a row that is still owed. Admin only.
    * @param {ProtoMessage} [request] PruneObligationsRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} PruneObligationsResponse
    */
   pruneObligations(request, options) {
     return this._unary('PruneObligations', request, options);
+  }
+
+  /**
+   * Operator action (admin only): binds owed rows (PENDING, ATTEMPTING,
+   * FAILED) of one gateway to another, so that the other gateway's instances
+   * claim them when they become recoverable. Only the binding changes: a live
+   * holder keeps its row and fence.
+   * @param {ProtoMessage} [request] HandOverObligationsRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} HandOverObligationsResponse
+   */
+  handOverObligations(request, options) {
+    return this._unary('HandOverObligations', request, options);
   }
 }

@@ -268,14 +268,14 @@ async function losingProxy(target) {
 describe('request ids', () => {
   test('every write, and only the writes, carries one', () => {
     assert.equal(sessions.requestIdMethods.size, 23);
-    assert.equal(delivery.requestIdMethods.size, 11);
+    assert.equal(delivery.requestIdMethods.size, 12);
     for (const read of ['GetAgent', 'GetHistory', 'WatchEvents']) assert.ok(!sessions.requestIdMethods.has(read));
     for (const write of ['AppendEvents', 'PostToInbox', 'Delegate', 'SendToPeer', 'ListResumable']) {
       assert.ok(sessions.requestIdMethods.has(write), write);
     }
     const config = /** @type {any} */ (delivery.serviceConfig());
     assert.deepEqual(config.methodConfig[0].retryPolicy.retryableStatusCodes, ['UNAVAILABLE']);
-    assert.equal(config.methodConfig[0].name.length, 11);
+    assert.equal(config.methodConfig[0].name.length, 12);
   });
 
   test('the same id answers with the first answer; the same id for another request is refused', async () => {

@@ -50,6 +50,7 @@ REQUEST_ID_METHODS: tuple[str, ...] = (
     "RetryObligation",
     "AbandonObligation",
     "PruneObligations",
+    "HandOverObligations",
 )
 #: Retried on UNAVAILABLE by the channel: every method of the service.
 RETRYABLE_METHODS: tuple[str, ...] = READ_METHODS + REQUEST_ID_METHODS
@@ -310,48 +311,73 @@ class DeliveryClient(BaseClient):
         platform: str = "",
         session_key: str = "",
         owner_instance_id: str = "",
+        gateway_name: str = "",
         page_size: int = 0,
     ) -> Iterator[pb.Obligation]:
         """Every matching row, oldest first, fetching pages lazily as iteration goes.
 
         Each page is its own call with its own deadline; `page_size` 0 takes the
-        server's default.
+        server's default. An agent or gateway token sees rows of its agents only.
         """
         request = pb.ListObligationsRequest(
             state=state,
             platform=platform,
             session_key=session_key,
             owner_instance_id=owner_instance_id,
+            gateway_name=gateway_name,
             page_size=page_size,
         )
         for page in self._pages(self._stub.ListObligations, request):
             yield from page.obligations
 
     def retry(self, obligation_id: str, *, request_id: str = "") -> pb.Obligation:
-        """Operator action: makes a FAILED or ABANDONED row due now, attempts reset."""
+        """Operator action (admin): makes a FAILED or ABANDONED row due now, attempts reset."""
         request = pb.RetryObligationRequest(obligation_id=obligation_id)
         return self._call(self._stub.RetryObligation, request, request_id=request_id).obligation
 
     def abandon(
         self, obligation_id: str, reason: str = "", *, request_id: str = ""
     ) -> pb.Obligation:
-        """Operator action: gives up on a row that is still owed."""
+        """Operator action (admin): gives up on a row that is still owed."""
         request = pb.AbandonObligationRequest(obligation_id=obligation_id, reason=reason)
         return self._call(self._stub.AbandonObligation, request, request_id=request_id).obligation
 
     def stats(self) -> pb.GetLedgerStatsResponse:
-        """Ledger health: counts per state, oldest pending age, rows in doubt, gated rows."""
+        """Ledger health (admin): counts per state, oldest pending age, rows in doubt,
+        gated rows."""
         return self._call(self._stub.GetLedgerStats, pb.GetLedgerStatsRequest())
 
     def prune(self, older_than_s: float | None = None, *, request_id: str = "") -> int:
         """Deletes terminal rows older than `older_than_s` (None or 0: server retention).
 
-        Returns how many rows were deleted.
+        Returns how many rows were deleted. Admin only.
         """
         request = pb.PruneObligationsRequest()
         if older_than_s is not None:
             request.older_than.CopyFrom(_duration(older_than_s))
         return self._call(self._stub.PruneObligations, request, request_id=request_id).pruned_count
+
+    def hand_over(
+        self,
+        from_gateway_name: str,
+        to_gateway_name: str,
+        obligation_ids: Sequence[str] = (),
+        *,
+        request_id: str = "",
+    ) -> int:
+        """Operator action (admin): binds owed rows of one gateway to another, so that
+        the other's instances claim them once they are recoverable.
+
+        `obligation_ids` empty moves every owed row of `from_gateway_name` ("" names
+        rows of no known gateway); otherwise only those rows. Returns how many moved.
+        """
+        request = pb.HandOverObligationsRequest(
+            from_gateway_name=from_gateway_name,
+            to_gateway_name=to_gateway_name,
+            obligation_ids=obligation_ids,
+        )
+        answer = self._call(self._stub.HandOverObligations, request, request_id=request_id)
+        return answer.handed_over_count
 
 
 __all__ = ["RETRYABLE_METHODS", "SERVICE_CONFIG", "DeliveryClient", "SwitchboardError"]
