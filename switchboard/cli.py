@@ -14,7 +14,7 @@ import peewee
 from prometheus_client import CollectorRegistry
 
 from switchboard import migrations, operators
-from switchboard.auth import parse_tokens
+from switchboard.auth import check_sendable, parse_tokens
 from switchboard.database import Backend, DatabaseSettings, StartupRefused
 from switchboard.observability import (
     RpcMetrics,
@@ -301,6 +301,7 @@ def serve(
 
     try:
         grants = parse_tokens(auth_tokens)
+        check_sendable(grants)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-tokens") from exc
     if (tls_cert is None) != (tls_key is None) or (tls_client_ca and not tls_cert):

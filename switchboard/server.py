@@ -23,7 +23,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client.metrics_core import Metric
 
-from switchboard.auth import AuthInterceptor, Grant
+from switchboard.auth import AuthInterceptor, Grant, quiet_grpc_decode_errors
 from switchboard.deadlines import DeadlineInterceptor
 from switchboard.grpc_errors import DomainErrorInterceptor
 from switchboard.observability import ObservabilityInterceptor, RpcMetrics
@@ -118,6 +118,7 @@ class GrpcApp:
         ]
         if settings.metrics is not None:
             interceptors.insert(0, ObservabilityInterceptor(settings.metrics))
+        quiet_grpc_decode_errors()
         self.server = grpc.aio.server(
             interceptors=interceptors,
             options=[
