@@ -231,8 +231,8 @@ class _TokenTable:
         self._grants = {self._digest(token): grant for token, grant in grants.items()}
 
     def _digest(self, token: str) -> bytes:
-        # surrogateescape: a configured token that is not ASCII (check_sendable refuses
-        # it at start) still gets a digest; presented tokens are ASCII by now.
+        # surrogateescape: a token read from the environment may hold lone surrogates
+        # (check_sendable refuses it at start); presented tokens are ASCII by now.
         return hmac.digest(self._key, token.encode("utf-8", "surrogateescape"), "sha256")
 
     def get(self, token: str) -> Grant | None:

@@ -221,7 +221,7 @@ def main(log_level: str, log_format: str) -> None:
 )
 @click.option(
     "--max-streams-per-connection",
-    default=100,
+    default=1000,
     type=click.IntRange(min=0),
     envvar="SWITCHBOARD_MAX_STREAMS_PER_CONNECTION",
     show_default=True,

@@ -46,8 +46,9 @@ class ServerSettings:
     #: (gRPC's grpc.max_allowed_incoming_connections). None: no limit.
     max_connections: int | None = 1000
     #: Calls open at once on one HTTP/2 connection (SETTINGS_MAX_CONCURRENT_STREAMS:
-    #: clients queue the ones beyond it). None: gRPC's default (no limit).
-    max_streams_per_connection: int | None = 100
+    #: clients queue the ones beyond it). A gateway multiplexes its watchers over one
+    #: channel, so hundreds must fit. None: gRPC's default (no limit).
+    max_streams_per_connection: int | None = 1000
     #: HTTP/2 flow-control window per stream and per connection, fixed (BDP probing
     #: off): what a client may send that the server has not asked to read. gRPC's
     #: default probes the bandwidth and announces 4 MiB, which a caller without a token

@@ -235,7 +235,7 @@ def test_grpc_is_given_the_connection_stream_and_window_limits(
 ) -> None:
     with RawConnection(secured.address) as defaults:
         settings = defaults.wait_for_settings()
-    assert settings[MAX_CONCURRENT_STREAMS] == 100
+    assert settings[MAX_CONCURRENT_STREAMS] == 1000
     assert settings[INITIAL_WINDOW_SIZE] == 64 * 1024, "not gRPC's probed 4 MiB"
 
     url = f"sqlite:///{tmp_path / 'limited.sqlite3'}"
