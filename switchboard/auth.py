@@ -7,6 +7,12 @@ instances of that gateway only. Operator calls (rewind, truncation, agent
 administration, ledger repair) need `admin`. Health checks and reflection carry
 no token (kubelet probes cannot send one) and are exempt. With no tokens
 configured, authentication is off (the local default).
+
+A call is authenticated from its metadata before its request is received: one
+without a valid token is answered UNAUTHENTICATED without reading its message, so
+an unauthenticated caller cannot make the server hold or parse a request. Every
+malformed credential is UNAUTHENTICATED (never INTERNAL), and refusals are logged
+in one short line each, at most `LOG_LINES` per `LOG_PERIOD_S`.
 """
 
 from __future__ import annotations
@@ -14,14 +20,19 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import hmac
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import logging
+import math
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from switchboard.errors import PermissionDenied, Unauthenticated
-from switchboard.grpc_errors import WrappingInterceptor
+from switchboard.grpc_errors import WrappingInterceptor, rich_status
 
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 #: Methods only an admin token may call.
@@ -115,24 +126,200 @@ def _agents_named(request: Any) -> set[str]:
     return names - {""}
 
 
+#: Longest bearer token looked up. Longer ones are refused unread; gRPC itself answers
+#: RESOURCE_EXHAUSTED for metadata past its limits (8 KiB soft, 16 KiB hard).
+MAX_TOKEN_CHARS = 4096
+#: Refusals logged per server: at most LOG_LINES lines per LOG_PERIOD_S seconds.
+LOG_LINES = 10
+LOG_PERIOD_S = 10.0
+
+log = logging.getLogger(__name__)
+
+
+def unsendable(token: str) -> str | None:
+    """Why `token` could never arrive as `authorization: Bearer <token>`, or None."""
+    if not token or len(token) > MAX_TOKEN_CHARS:
+        return f"a token has 1 to {MAX_TOKEN_CHARS} characters"
+    if not (token.isascii() and token.isprintable()) or " " in token:
+        return "a token is visible ASCII, without spaces (gRPC sends nothing else)"
+    return None
+
+
+def check_sendable(grants: Mapping[str, Grant]) -> None:
+    """Raises ValueError for a configured token no client could send (it would never match)."""
+    for position, token in enumerate(grants, start=1):
+        problem = unsendable(token)
+        if problem is not None:
+            raise ValueError(f"auth token {position}: {problem}")
+
+
+def _refused(problem: str) -> Unauthenticated:
+    return Unauthenticated(
+        "UNAUTHENTICATED", f"{problem}: send one 'authorization: Bearer <token>' header"
+    )
+
+
+Metadata = Sequence[tuple[str, str | bytes]]
+_CREDENTIAL_KEYS = frozenset({"authorization", "authorization-bin"})
+
+
+def bearer_token(metadata: Metadata | None) -> str:
+    """The token of a call's one `authorization: Bearer <token>` header.
+
+    Raises Unauthenticated saying what is wrong with any other credential: none,
+    `authorization-bin`, several headers, another scheme, an empty, overlong or
+    non-ASCII token. Nothing here can fail otherwise, whatever bytes were sent.
+    """
+    headers = [(key, value) for key, value in metadata or () if key in _CREDENTIAL_KEYS]
+    if any(key == "authorization-bin" for key, _ in headers):
+        raise _refused("binary credentials (authorization-bin) are not accepted")
+    if not headers:
+        raise _refused("no credentials")
+    if len(headers) > 1:
+        raise _refused(f"{len(headers)} authorization headers")
+    header = headers[0][1]
+    scheme, _, token = header.strip(" ").partition(" ") if isinstance(header, str) else ("", "", "")
+    if scheme.lower() != "bearer":
+        raise _refused("not a Bearer credential")
+    problem = unsendable(token.strip(" "))
+    if problem is not None:
+        raise _refused(f"malformed token ({problem})")
+    return token.strip(" ")
+
+
+class LogBudget:
+    """At most `lines` log lines per `period_s`: a flood of refusals cannot flood the log.
+
+    `take()` is None while the budget is spent; otherwise the number of lines held
+    back since the last one that passed, for that line to mention.
+    """
+
+    def __init__(
+        self,
+        lines: int = LOG_LINES,
+        period_s: float = LOG_PERIOD_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.lines = lines
+        self.period_s = period_s
+        self.clock = clock
+        self._window_start = -math.inf
+        self._used = 0
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> int | None:
+        with self._lock:
+            now = self.clock()
+            if now - self._window_start >= self.period_s:
+                self._window_start, self._used = now, 0
+            if self._used >= self.lines:
+                self._held += 1
+                return None
+            self._used += 1
+            held, self._held = self._held, 0
+            return held
+
+
+class _TokenTable:
+    """Grants by a keyed digest of their token: one HMAC and one dict lookup per call.
+
+    No per-token loop of comparisons: the dict compares digests under a key drawn at
+    start, which a caller cannot compute, so its timing tells nothing about a token.
+    """
+
+    def __init__(self, grants: Mapping[str, Grant]) -> None:
+        self._key = secrets.token_bytes(32)
+        self._grants = {self._digest(token): grant for token, grant in grants.items()}
+
+    def _digest(self, token: str) -> bytes:
+        # surrogateescape: a token read from the environment may hold lone surrogates
+        # (check_sendable refuses it at start); presented tokens are ASCII by now.
+        return hmac.digest(self._key, token.encode("utf-8", "surrogateescape"), "sha256")
+
+    def get(self, token: str) -> Grant | None:
+        return self._grants.get(self._digest(token))
+
+    def __bool__(self) -> bool:
+        return bool(self._grants)
+
+
 class AuthInterceptor(WrappingInterceptor):
+    """Authenticates each call from its metadata, before its request is read.
+
+    A call without a valid token gets a handler that answers UNAUTHENTICATED at once
+    and never reads the request (a request-streaming handler that does not iterate):
+    unauthenticated callers cannot make the server receive or parse a message. Calls
+    with a valid token run the method, whose scope checks need the request.
+    """
+
     def __init__(self, grants: Mapping[str, Grant]) -> None:
         super().__init__()
-        self.grants = dict(grants)
+        self.tokens = _TokenTable(grants)
+        self.log_budget = LogBudget()
 
-    def _grant(self, context: grpc.aio.ServicerContext[Any, Any]) -> Grant:
-        header = dict(context.invocation_metadata() or ()).get("authorization", "")
-        scheme, _, token = header.partition(" ") if isinstance(header, str) else ("", "", "")
-        token = token.strip() if scheme.lower() == "bearer" else ""
-        for known, grant in self.grants.items():
-            if token and hmac.compare_digest(token, known):
-                return grant
-        raise Unauthenticated(
-            "UNAUTHENTICATED", "send a valid token as 'authorization: Bearer <token>'"
-        )
+    def _grant(self, metadata: Metadata | None) -> Grant:
+        grant = self.tokens.get(bearer_token(metadata))
+        if grant is None:
+            raise _refused("unknown token")
+        return grant
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        method = handler_call_details.method
+        handler = await continuation(handler_call_details)
+        if handler is None or not self.tokens or method.startswith(EXEMPT_PREFIXES):
+            return handler
+        try:
+            self._grant(handler_call_details.invocation_metadata)
+        except Unauthenticated as refusal:
+            return self._refusing(method, handler, refusal)
+        return self.wrapped(method, handler)
+
+    def _refusing(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any], refusal: Unauthenticated
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """A handler for this one call that answers `refusal` without reading the request."""
+        status = rich_status(refusal)
+
+        async def refuse(_requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            self._log_refusal(method, context, refusal)
+            try:
+                await context.abort(status.code, status.details, status.trailing_metadata)
+            except grpc.aio.AbortError:
+                raise
+            except Exception:
+                # gRPC had ended the call itself (e.g. INTERNAL for an upper-case header
+                # name): there is nothing left to send, and nothing worth a traceback.
+                log.debug("%s: the call had ended before it was refused", method)
+
+        async def refuse_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
+            await refuse(requests, context)
+            return
+            yield  # an async generator, as response-streaming behaviours are
+
+        serializer = handler.response_serializer
+        if handler.response_streaming:
+            return grpc.stream_stream_rpc_method_handler(
+                refuse_stream, response_serializer=serializer
+            )
+        return grpc.stream_unary_rpc_method_handler(refuse, response_serializer=serializer)
+
+    def _log_refusal(self, method: str, context: Any, refusal: Unauthenticated) -> None:
+        held = self.log_budget.take()
+        if held is None:
+            return
+        # One line, no traceback, nothing the caller sent (the method is a known one).
+        note = f" ({held} more refused since, not logged)" if held else ""
+        log.warning("refused %s from %s: %s%s", method, context.peer(), refusal.message, note)
 
     def _authorize(self, method: str, request: Any, context: Any) -> Grant:
-        grant = self._grant(context)
+        grant = self._grant(context.invocation_metadata())
         if grant.admin:
             return grant
         name = method.rsplit("/", 1)[-1]
@@ -152,9 +339,6 @@ class AuthInterceptor(WrappingInterceptor):
     def wrap_unary(
         self, method: str, behavior: Callable[[Any, Any], Awaitable[Any]]
     ) -> Callable[[Any, Any], Awaitable[Any]]:
-        if not self.grants or method.startswith(EXEMPT_PREFIXES):
-            return behavior
-
         async def checked(request: Any, context: Any) -> Any:
             grant = _GRANT.set(self._authorize(method, request, context))
             try:
@@ -167,9 +351,6 @@ class AuthInterceptor(WrappingInterceptor):
     def wrap_stream(
         self, method: str, behavior: Callable[[Any, Any], AsyncIterator[Any]]
     ) -> Callable[[Any, Any], AsyncIterator[Any]]:
-        if not self.grants or method.startswith(EXEMPT_PREFIXES):
-            return behavior
-
         async def checked(request: Any, context: Any) -> AsyncIterator[Any]:
             # Each streaming call runs in its own task and context: nothing to reset
             # (resetting in a generator's finally can run in another context).
@@ -178,3 +359,32 @@ class AuthInterceptor(WrappingInterceptor):
                 yield response
 
         return checked
+
+
+class _QuietDecodeErrors(logging.Filter):
+    """gRPC logs a traceback quoting the bytes of every header value that is not UTF-8
+    (twice per call): a flood of such calls would flood the log. This keeps one short
+    line, rate limited, without the bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.budget = LogBudget()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Invalid encoding on"):
+            return True
+        held = self.budget.take()
+        if held is None:
+            return False
+        note = f" ({held} more since, not logged)" if held else ""
+        record.msg, record.args = f"a call sent a header value that is not UTF-8{note}", ()
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_grpc_decode_errors() -> None:
+    """Installs `_QuietDecodeErrors` on gRPC's logger, once per process."""
+    grpc_log = logging.getLogger("grpc._cython.cygrpc")
+    if not any(isinstance(f, _QuietDecodeErrors) for f in grpc_log.filters):
+        grpc_log.addFilter(_QuietDecodeErrors())

@@ -14,7 +14,7 @@ import peewee
 from prometheus_client import CollectorRegistry
 
 from switchboard import migrations, operators
-from switchboard.auth import parse_tokens
+from switchboard.auth import check_sendable, parse_tokens
 from switchboard.database import Backend, DatabaseSettings, StartupRefused
 from switchboard.observability import (
     RpcMetrics,
@@ -219,9 +219,45 @@ def main(log_level: str, log_format: str) -> None:
 @click.option(
     "--max-concurrent-rpcs",
     default=None,
-    type=int,
+    type=click.IntRange(min=1),
     envvar="SWITCHBOARD_MAX_CONCURRENT_RPCS",
-    help="Beyond this many calls at once, answer RESOURCE_EXHAUSTED.",
+    help="Beyond this many calls at once, answer RESOURCE_EXHAUSTED before reading the "
+    "request [default: no limit].",
+)
+@click.option(
+    "--max-connections",
+    default=1000,
+    type=click.IntRange(min=0),
+    envvar="SWITCHBOARD_MAX_CONNECTIONS",
+    show_default=True,
+    help="Connections held at once per service port; more are closed as accepted (0: no limit).",
+)
+@click.option(
+    "--max-streams-per-connection",
+    default=1000,
+    type=click.IntRange(min=0),
+    envvar="SWITCHBOARD_MAX_STREAMS_PER_CONNECTION",
+    show_default=True,
+    help="Calls open at once on one HTTP/2 connection; a client queues the ones beyond "
+    "(0: no limit).",
+)
+@click.option(
+    "--http2-window-bytes",
+    default=64 * 1024,
+    type=click.IntRange(min=0),
+    envvar="SWITCHBOARD_HTTP2_WINDOW_BYTES",
+    show_default=True,
+    help="HTTP/2 flow-control window per stream and connection: what a client may send "
+    "before the server reads (0: gRPC's default, bandwidth probing up to 4 MiB).",
+)
+@click.option(
+    "--max-message-bytes",
+    default=16 * 1024 * 1024,
+    type=click.IntRange(min=1024),
+    envvar="SWITCHBOARD_MAX_MESSAGE_BYTES",
+    show_default=True,
+    help="Largest request (and answer) gRPC accepts, for every method; bigger requests "
+    "are RESOURCE_EXHAUSTED, smaller ones over a field's limit INVALID_ARGUMENT naming it.",
 )
 @click.option(
     "--drain-grace",
@@ -305,6 +341,10 @@ def serve(
     max_content_bytes: int,
     request_id_window: float,
     max_concurrent_rpcs: int | None,
+    max_connections: int,
+    max_streams_per_connection: int,
+    http2_window_bytes: int,
+    max_message_bytes: int,
     drain_grace: float,
     metrics_listen: str,
     auth_tokens: str,
@@ -334,6 +374,7 @@ def serve(
 
     try:
         grants = parse_tokens(auth_tokens)
+        check_sendable(grants)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--auth-tokens") from exc
     try:
@@ -351,6 +392,10 @@ def serve(
         return ServerSettings(
             listen=listen,
             max_concurrent_rpcs=max_concurrent_rpcs,
+            max_connections=max_connections or None,
+            max_streams_per_connection=max_streams_per_connection or None,
+            http2_window_bytes=http2_window_bytes or None,
+            max_message_bytes=max_message_bytes,
             drain_grace_s=drain_grace,
             auth=grants,
             metrics=metrics,

@@ -127,12 +127,17 @@ def _wrap_stream(
 class WrappingInterceptor(grpc.aio.ServerInterceptor):
     """Base of the server interceptors: wraps each method's behaviour once.
 
-    Wrapped handlers are cached by method; unknown methods are not cached, so
-    junk method names cannot grow the cache.
+    Every call asks the inner interceptors for its handler (an inner one may answer
+    a call with a handler of its own, as authentication does for a refused one);
+    the wrapping is cached per method and redone only when the inner handler
+    differs from the last one. Unknown methods are not cached, so junk method names
+    cannot grow the cache.
     """
 
     def __init__(self) -> None:
-        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        self._wrapped: dict[
+            str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]
+        ] = {}
 
     async def intercept_service(
         self,
@@ -141,18 +146,26 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):
         ],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method = handler_call_details.method
+        handler = await continuation(handler_call_details)
+        return self.wrapped(handler_call_details.method, handler)
+
+    def wrapped(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any] | None
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        """`handler` with this interceptor's wrapping (cached per method)."""
+        if handler is None:
+            return None
         cached = self._wrapped.get(method)
-        if cached is None:
-            cached = rewrapped(
-                await continuation(handler_call_details),
-                lambda behavior: self.wrap_unary(method, behavior),
-                lambda behavior: self.wrap_stream(method, behavior),
-            )
-            if cached is None:
-                return None
-            self._wrapped[method] = cached
-        return cached
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = rewrapped(
+            handler,
+            lambda behavior: self.wrap_unary(method, behavior),
+            lambda behavior: self.wrap_stream(method, behavior),
+        )
+        assert wrapped is not None
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
 
     def wrap_unary(self, method: str, behavior: Any) -> Any:
         return behavior
@@ -176,19 +189,23 @@ def rewrapped(
     unary: Callable[[Any], Any],
     stream: Callable[[Any], Any],
 ) -> grpc.RpcMethodHandler[Any, Any] | None:
-    """The handler with its unary-unary or unary-stream behaviour wrapped."""
+    """The handler with its behaviour wrapped: `unary` wraps behaviours with one
+    response, `stream` those with a stream of responses. A request-streaming
+    behaviour gets its request iterator where a unary one gets its request (the
+    services have none; authentication answers refused calls with one, so that
+    gRPC never reads their request): wrappers pass it on untouched."""
     if handler is None:
         return None
+    serializers: dict[str, Any] = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
     if handler.unary_unary is not None:
-        return grpc.unary_unary_rpc_method_handler(
-            unary(handler.unary_unary),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **serializers)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            stream(handler.unary_stream),
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **serializers)
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **serializers)
+    if handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(stream(handler.stream_stream), **serializers)
     return handler

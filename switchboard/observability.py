@@ -55,6 +55,8 @@ class RpcMetrics:
     def observe(self, method: str, code: str, seconds: float, request_id: str) -> None:
         self.calls.labels(method, code).inc()
         self.latency.labels(method).observe(seconds)
+        if code == "UNAUTHENTICATED":
+            return  # counted; logged by auth, rate limited, so a flood cannot grow the log
         access_log.info(
             "rpc",
             extra={

@@ -23,7 +23,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client.metrics_core import Metric
 
-from switchboard.auth import AuthInterceptor, Grant
+from switchboard.auth import AuthInterceptor, Grant, quiet_grpc_decode_errors
 from switchboard.deadlines import DeadlineInterceptor
 from switchboard.grpc_errors import DomainErrorInterceptor
 from switchboard.observability import ObservabilityInterceptor, RpcMetrics
@@ -36,9 +36,25 @@ class ServerSettings:
     listen: str = "127.0.0.1:0"
     #: Largest request accepted by gRPC itself; content limits are checked by
     #: the services so that an oversized field gets INVALID_ARGUMENT naming it.
+    #: gRPC servers have no per-method receive limit (only clients get one, from a
+    #: service config), so this one figure bounds every method.
     max_message_bytes: int = 16 * 1024 * 1024
-    #: Calls beyond this many at once are answered RESOURCE_EXHAUSTED.
+    #: Calls beyond this many at once are answered RESOURCE_EXHAUSTED before their
+    #: request is read (None: no limit).
     max_concurrent_rpcs: int | None = None
+    #: Connections held at once per listening port; more are closed as accepted
+    #: (gRPC's grpc.max_allowed_incoming_connections). None: no limit.
+    max_connections: int | None = 1000
+    #: Calls open at once on one HTTP/2 connection (SETTINGS_MAX_CONCURRENT_STREAMS:
+    #: clients queue the ones beyond it). A gateway multiplexes its watchers over one
+    #: channel, so hundreds must fit. None: gRPC's default (no limit).
+    max_streams_per_connection: int | None = 1000
+    #: HTTP/2 flow-control window per stream and per connection, fixed (BDP probing
+    #: off): what a client may send that the server has not asked to read. gRPC's
+    #: default probes the bandwidth and announces 4 MiB, which a caller without a token
+    #: could fill on every stream before it is refused. A call being read is granted
+    #: the rest of its message at once, whatever this is. None: gRPC's default.
+    http2_window_bytes: int | None = 64 * 1024
     #: Seconds in-flight calls get to finish after SIGTERM.
     drain_grace_s: float = 10.0
     #: Connections are closed (gracefully) after this long, so that an L4
@@ -68,6 +84,32 @@ class ServerSettings:
             root_certificates=root,
             require_client_auth=root is not None,
         )
+
+
+def channel_options(settings: ServerSettings) -> list[tuple[str, int]]:
+    """gRPC's own limits for one server. Python cannot pass gRPC a resource quota
+    (`grpc.resource_quota` is a C pointer and grpcio exports no way to make one), so
+    memory is bounded by connections, streams per connection, message size and
+    concurrent calls; calls without a valid token are refused before their request
+    is read (see `switchboard.auth`)."""
+    options = [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(settings.drain_grace_s * 1000)),
+        ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.so_reuseport", 0),
+    ]
+    if settings.max_connections is not None:
+        options.append(("grpc.max_allowed_incoming_connections", settings.max_connections))
+    if settings.max_streams_per_connection is not None:
+        options.append(("grpc.max_concurrent_streams", settings.max_streams_per_connection))
+    if settings.http2_window_bytes is not None:
+        options.append(("grpc.http2.bdp_probe", 0))
+        options.append(("grpc.http2.lookahead_bytes", settings.http2_window_bytes))
+    return options
 
 
 class ServiceUnit(Protocol):
@@ -118,18 +160,10 @@ class GrpcApp:
         ]
         if settings.metrics is not None:
             interceptors.insert(0, ObservabilityInterceptor(settings.metrics))
+        quiet_grpc_decode_errors()
         self.server = grpc.aio.server(
             interceptors=interceptors,
-            options=[
-                ("grpc.max_receive_message_length", settings.max_message_bytes),
-                ("grpc.max_send_message_length", settings.max_message_bytes),
-                ("grpc.max_connection_age_ms", int(settings.max_connection_age_s * 1000)),
-                ("grpc.max_connection_age_grace_ms", int(settings.drain_grace_s * 1000)),
-                ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-                ("grpc.so_reuseport", 0),
-            ],
+            options=channel_options(settings),
             maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
         )
         self.unit.add_to_server(self.server)
