@@ -154,3 +154,24 @@ class TcpProxy:
         name = "up" if upstream else "down"
         threading.Thread(target=read, daemon=True, name=f"tcp-proxy-{name}-read").start()
         threading.Thread(target=write, daemon=True, name=f"tcp-proxy-{name}-write").start()
+
+
+class ReplyCounter:
+    """An `on_reply` policy that passes every chunk and counts them: against a
+    synchronous client such as Postgres', one chunk per round trip."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, link: Link, data: bytes) -> bool:
+        with self._lock:
+            self.count += 1
+        return True
+
+    def per_call(self, calls: int, run: Callable[[int], object]) -> float:
+        """Round trips per call of `run(n)` over `calls` calls."""
+        self.count = 0
+        for n in range(calls):
+            run(n)
+        return self.count / calls

@@ -9,7 +9,6 @@ against server processes in `tests/test_database_outages.py`.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -28,7 +27,7 @@ from tests.harness import (
 )
 from tests.pg_faults import Load, PrivateDatabase, appender, private_database, wait_for_health
 from tests.status import error_reason
-from tests.tcp_proxy import Link, TcpProxy
+from tests.tcp_proxy import Link, ReplyCounter, TcpProxy
 
 _DOWN = postgres_unreachable_reason()
 pytestmark = [
@@ -179,32 +178,13 @@ def test_a_black_holed_database_is_survived(loop_thread: EventLoopThread) -> Non
         _assert_all_stored(db, appends, None)
 
 
-class _Replies:
-    """Counts the chunks Postgres sends back: one per round trip of a synchronous client."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, link: Link, data: bytes) -> bool:
-        with self._lock:
-            self.count += 1
-        return True
-
-    def per_call(self, calls: int, run: Any) -> float:
-        self.count = 0
-        for n in range(calls):
-            run(n)
-        return self.count / calls
-
-
 def test_round_trips_per_call(loop_thread: EventLoopThread) -> None:
     """Round trips to Postgres per call, counted at a proxy: an append costs 4 (the log
     lock, the session row, the head, then its INSERT and projection upsert travel with
     the COMMIT; it was 9), RecordObligation, MarkAttempting and MarkDelivered 2 each
     (they were 4): BEGIN and savepoints travel with the next statement, "now" is not a
     query, the pool does not ping at check-out."""
-    replies = _Replies()
+    replies = ReplyCounter()
     with private_database() as db, TcpProxy(("127.0.0.1", 5432)) as proxy:
         proxy.on_reply = replies
         url = db.url.replace("127.0.0.1:5432", proxy.address)

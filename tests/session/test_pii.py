@@ -7,7 +7,6 @@ import hashlib
 import hmac
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ from tests.harness import EventLoopThread, ServerProcess, session_server
 from tests.pg_faults import private_database
 from tests.session.conftest import append, create_agent, resolve
 from tests.status import error_reason
-from tests.tcp_proxy import Link, TcpProxy
+from tests.tcp_proxy import ReplyCounter, TcpProxy
 
 KEY = b"another test key of 32 bytes ..."
 REDACTS = pb.AgentSettings(redact_pii=True)
@@ -210,26 +209,13 @@ def test_request_fingerprints_are_keyed_and_retries_still_replay(
 # -- the cost -----------------------------------------------------------------------------
 
 
-class _Replies:
-    """Counts the chunks Postgres sends back: one per round trip."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, link: Link, data: bytes) -> bool:
-        with self._lock:
-            self.count += 1
-        return True
-
-
 @pytest.mark.postgres
 def test_an_append_reads_the_agent_only_for_a_raw_sender(loop_thread: EventLoopThread) -> None:
     """Round trips per append, counted at a proxy: without a sender, or with one stored
     redacted before (a turn's inbox moving to its history), as many as before; with a
     person's raw id for an agent that redacts, three more (reading the agent's state:
     the timeline's head, its latest snapshot, the events after it)."""
-    replies = _Replies()
+    replies = ReplyCounter()
     with private_database() as db, TcpProxy(("127.0.0.1", 5432)) as proxy:
         proxy.on_reply = replies
         url = db.url.replace("127.0.0.1:5432", proxy.address)
@@ -238,12 +224,11 @@ def test_an_append_reads_the_agent_only_for_a_raw_sender(loop_thread: EventLoopT
             create_agent(stub, settings=REDACTS)
             session_id = resolve(stub, **DM).session.session_id
 
-            def per_append(sender: str, calls: int = 10) -> float:
+            def per_append(sender: str) -> float:
                 append(stub, session_id, _sender("warm-up", sender))
-                replies.count = 0
-                for n in range(calls):
-                    append(stub, session_id, _sender(f"m{n}", sender))
-                return replies.count / calls
+                return replies.per_call(
+                    10, lambda n: append(stub, session_id, _sender(f"m{n}", sender))
+                )
 
             plain = per_append("")
             already = per_append(f"user_{_hmac12('u-1')}")
