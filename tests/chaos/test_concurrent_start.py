@@ -24,9 +24,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from playhouse.migrate import SchemaMigrator, migrate
 
+from delivery_service.migrations import BASELINE_MODELS as DELIVERY_BASELINE
 from delivery_service.migrations import DELIVERY_SCHEMA
-from delivery_service.state_machine import LedgerLimits
-from delivery_service.store import LedgerStore
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
 from switchboard.database import DatabaseSettings, open_backend
@@ -78,9 +77,9 @@ def _make_pre_versioning(session_url: str, delivery_url: str) -> None:
     database.close()
     delivery = open_backend(DatabaseSettings(url=delivery_url))
     database = delivery.database
-    with database.connection_context():
-        ledger = LedgerStore(delivery, LedgerLimits())
-        database.create_tables([ledger.Instance, ledger.Obligation], safe=True)
+    # The ledger's tables as that release had them: the frozen baseline models.
+    with database.connection_context(), database.bind_ctx(DELIVERY_BASELINE):
+        database.create_tables(DELIVERY_BASELINE, safe=True)
     database.close()
 
 
