@@ -240,22 +240,33 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _replica(
-    engine: engines.Engine, workload: Workload, image: str, url: str, label: str
+    engine: engines.Engine,
+    workload: Workload,
+    image: str,
+    url: str,
+    label: str,
+    host_ports: list[int] | None = None,
 ) -> Container:
     """One replica of a Postgres workload on the host's network (to reach 127.0.0.1:5432)."""
     environment = workload.env({**SECRETS, "switchboard-postgres": {"url": url}})
-    ports = dict(zip(workload.ports.values(), _free_ports(len(workload.ports)), strict=True))
+    chosen = host_ports or _free_ports(len(workload.ports))
+    ports = dict(zip(workload.ports.values(), chosen, strict=True))
     return start(engine, workload, image, environment, host_ports=ports, label=label)
 
 
 def _replicas_at_once(engine: engines.Engine, image: str, url: str) -> dict[str, Container]:
     """Two replicas of each Postgres workload, all `docker run` at the same moment."""
     keys = [f"{which}-{n}" for n in (1, 2) for which in ("session", "delivery")]
+    workloads_ = {key: WORKLOADS[f"postgres/{key.split('-')[0]}"] for key in keys}
+    # All ports at once, before the threads start: chosen one replica at a time, a
+    # port freed for one replica could be handed out again for another.
+    free = iter(_free_ports(sum(len(w.ports) for w in workloads_.values())))
+    ports = {key: [next(free) for _ in workload.ports] for key, workload in workloads_.items()}
     with ThreadPoolExecutor(len(keys)) as pool:
         futures = {
             key: pool.submit(
-                _replica, engine, WORKLOADS[f"postgres/{key.split('-')[0]}"], image, url,
-                f"{key}-{uuid.uuid4().hex[:6]}",
+                _replica, engine, workloads_[key], image, url,
+                f"{key}-{uuid.uuid4().hex[:6]}", ports[key],
             )
             for key in keys
         }  # fmt: skip
