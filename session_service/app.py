@@ -57,6 +57,7 @@ class SessionUnit:
         )
         self.sessions = Sessions(self.runner, self.store, self.limits, redactor)
         self.head = recovery.verify(self.sessions)
+        recovery.fill_summaries(self.sessions)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import peewee
@@ -59,6 +59,7 @@ class AgentRow(peewee.Model):
     version = peewee.BigIntegerField()
     last_seq = peewee.BigIntegerField()
     snapshot_version = peewee.BigIntegerField()
+    summary = peewee.BlobField(null=True)  # `AgentIndex.summary`
 
     class Meta:
         table_name = "session_agent"
@@ -75,6 +76,7 @@ class SessionRow(peewee.Model):
     version = peewee.BigIntegerField()
     snapshot_version = peewee.BigIntegerField()
     resume_pending = peewee.BooleanField(default=False)
+    summary = peewee.BlobField(null=True)  # `SessionIndex.summary`
 
     class Meta:
         table_name = "session_session"
@@ -140,6 +142,11 @@ class SessionIndex:
     version: int
     snapshot_version: int
     resume_pending: bool = False
+    #: The session's `pb.Session` as the fold of its events leaves it (serialized,
+    #: deterministic), so that lists, GetSession and routing read one row instead of
+    #: rebuilding the state. None: not projected yet (a row from before migration 4,
+    #: or one written without it); `put_session_index` then folds it.
+    summary: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -151,10 +158,37 @@ class AgentIndex:
     version: int
     last_seq: int
     snapshot_version: int
+    #: The agent's `pb.Agent` without its memory as the fold leaves it (serialized,
+    #: deterministic): what routing and lists need. None as for `SessionIndex.summary`.
+    summary: bytes | None = None
 
 
 _SESSION_COLUMNS = tuple(SessionIndex.__dataclass_fields__)
 _AGENT_COLUMNS = tuple(AgentIndex.__dataclass_fields__)
+
+
+def serialized_summary(summary: pb.Session | pb.Agent) -> bytes:
+    """A projection row's summary: deterministic, so that a rebuild writes the same bytes."""
+    return summary.SerializeToString(deterministic=True)
+
+
+def agent_summary(agent: pb.Agent) -> pb.Agent:
+    """The agent as its projection row keeps it: everything but its memory."""
+    summary = pb.Agent()
+    summary.CopyFrom(agent)
+    summary.ClearField("memory")
+    return summary
+
+
+def _session_index(fields: dict[str, Any]) -> SessionIndex:
+    summary = fields["summary"]
+    return SessionIndex(
+        **{
+            **fields,
+            "resume_pending": bool(fields["resume_pending"]),
+            "summary": None if summary is None else bytes(summary),
+        }
+    )
 
 
 def agent_entity(name: str) -> str:
@@ -188,6 +222,11 @@ class LogStore:
             "session_session", _SESSION_COLUMNS
         )
         self._select_agent, self._upsert_agent = self._row_sql("session_agent", _AGENT_COLUMNS)
+        self._select_routed_session = self._sql(
+            f"SELECT {', '.join(f's.{c}' for c in _SESSION_COLUMNS)} FROM session_route r "
+            "JOIN session_session s ON s.session_id = r.session_id "
+            "WHERE r.agent = ? AND r.routing_key = ?"
+        )
         self._insert_events = self._sql(
             "INSERT INTO session_log (seq, agent, session_id, kind, payload, tool_ref) "
             "VALUES (?, ?, ?, ?, ?, ?)"
@@ -555,9 +594,20 @@ class LogStore:
         if row is None:
             return None
         fields = dict(zip(_AGENT_COLUMNS, row, strict=True))
-        return AgentIndex(**{**fields, "archived": bool(fields["archived"])})
+        summary = fields["summary"]
+        return AgentIndex(
+            **{
+                **fields,
+                "archived": bool(fields["archived"]),
+                "summary": None if summary is None else bytes(summary),
+            }
+        )
 
     def put_agent_index(self, index: AgentIndex) -> None:
+        if index.summary is None:  # written without one (a rewind's refresh): fold it
+            agent = self.agent_state(index.name)
+            summary = None if agent is None else serialized_summary(agent_summary(agent))
+            index = replace(index, summary=summary)
         self._write(self._upsert_agent, [getattr(index, column) for column in _AGENT_COLUMNS])
 
     def list_agents(self, after_name: str, limit: int, include_archived: bool) -> list[str]:
@@ -570,10 +620,13 @@ class LogStore:
         row = self.database.execute_sql(self._select_session, [session_id]).fetchone()
         if row is None:
             return None
-        fields = dict(zip(_SESSION_COLUMNS, row, strict=True))
-        return SessionIndex(**{**fields, "resume_pending": bool(fields["resume_pending"])})
+        return _session_index(dict(zip(_SESSION_COLUMNS, row, strict=True)))
 
     def put_session_index(self, index: SessionIndex) -> None:
+        if index.summary is None:  # written without one (a rewind's refresh): fold it
+            state = self.session_state(index.session_id)
+            summary = None if state is None else serialized_summary(state.session)
+            index = replace(index, summary=summary)
         self._write(self._upsert_session, [getattr(index, column) for column in _SESSION_COLUMNS])
 
     def list_sessions(
@@ -592,7 +645,7 @@ class LogStore:
         if before_created_seq is not None:
             query = query.where(self.Session.created_seq < before_created_seq)
         rows = dicts(query.order_by(self.Session.created_seq.desc()).limit(limit))
-        return [SessionIndex(**row) for row in rows]
+        return [_session_index(row) for row in rows]
 
     def resumable(self, agent: str) -> list[SessionIndex]:
         query = self.Session.select().where(
@@ -600,7 +653,28 @@ class LogStore:
             & (self.Session.resume_pending == True)  # noqa: E712 - SQL, not Python
             & (self.Session.status == pb.SESSION_STATUS_OPEN)
         )
-        return [SessionIndex(**row) for row in dicts(query.order_by(self.Session.created_seq))]
+        return [_session_index(row) for row in dicts(query.order_by(self.Session.created_seq))]
+
+    def routed_session(self, agent: str, routing_key: str) -> SessionIndex | None:
+        """The projection row of the session a routing key points to (one statement)."""
+        row = self.database.execute_sql(self._select_routed_session, [agent, routing_key])
+        found = row.fetchone()
+        return (
+            None
+            if found is None
+            else _session_index(dict(zip(_SESSION_COLUMNS, found, strict=True)))
+        )
+
+    def unsummarized(self) -> tuple[list[str], list[str]]:
+        """(agent names, session ids) of projection rows without a summary yet."""
+        agents = self.Agent.select(self.Agent.name).where(self.Agent.summary.is_null())
+        sessions = self.Session.select(self.Session.session_id).where(
+            self.Session.summary.is_null()
+        )
+        return (
+            [str(name) for (name,) in tuples(agents)],
+            [str(session_id) for (session_id,) in tuples(sessions)],
+        )
 
     def route(self, agent: str, routing_key: str) -> str | None:
         row = (
@@ -648,7 +722,10 @@ class LogStore:
             ("routes", self.Route),
         ):
             columns = [f for n, f in model._meta.fields.items() if n != "snapshot_version"]
-            rows[name] = set(tuples(model.select(*columns)))
+            rows[name] = {
+                tuple(bytes(v) if isinstance(v, memoryview) else v for v in row)
+                for row in tuples(model.select(*columns))
+            }
         return rows
 
     def head_and_snapshot_lag(self) -> tuple[int, int]:

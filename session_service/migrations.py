@@ -149,7 +149,16 @@ def request_records(schema: Schema) -> None:
     schema.create_tables(SessionRequestRecordV2)
 
 
-MIGRATIONS = (baseline, request_records)
+def projection_summaries(schema: Schema) -> None:
+    """Projection rows keep their agent's and session's summary (ListSessions reads rows)."""
+    # NULL until filled: the summary is the fold of the log (live code, not a frozen
+    # copy), so the server fills the rows at start (`recovery.fill_summaries`) and
+    # reads fold a row without one.
+    for table in ("session_agent", "session_session"):
+        schema.run(schema.migrator.add_column(table, "summary", peewee.BlobField(null=True)))
+
+
+MIGRATIONS = (baseline, request_records, projection_summaries)
 
 SESSION_SCHEMA = Component(
     name="session",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from session_service.sessions import Sessions
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -38,6 +38,30 @@ def verify(sessions: Sessions) -> int:
             "run `switchboard session rebuild` after inspecting the database"
         )
     return head
+
+
+def fill_summaries(sessions: Sessions, batch: int = 500) -> int:
+    """Gives every projection row without a summary (rows from before session migration
+    `projection_summaries`) the fold of its log, a batch per write transaction; how many.
+
+    Until then reads fold such a row whole, so serving can start at once; after it every
+    row is current, since `Sessions.project` folds summaries on with each event."""
+    store = sessions.store
+    agents, session_ids = sessions.runner.submit_read(store.unsummarized).result()
+    for start in range(0, max(len(agents), len(session_ids)), batch):
+
+        def op(_now: float, start: int = start) -> None:
+            for name in agents[start : start + batch]:
+                index = store.agent_index(name)
+                if index is not None:  # None: gone meanwhile (a rewind undid it)
+                    store.put_agent_index(replace(index, summary=None))  # None: folded
+            for session_id in session_ids[start : start + batch]:
+                found = store.session_index(session_id)
+                if found is not None:
+                    store.put_session_index(replace(found, summary=None))
+
+        sessions.runner.submit_write(op).result()
+    return len(agents) + len(session_ids)
 
 
 def rebuild(

@@ -23,6 +23,8 @@ from session_service.log_store import (
     LogStore,
     SessionIndex,
     agent_entity,
+    agent_summary,
+    serialized_summary,
     session_entity,
 )
 from switchboard import pagination, validation
@@ -93,6 +95,44 @@ def _messages_of(events: Sequence[pb.Event]) -> list[pb.Message]:
     """The messages the events carry (references: changing one changes its event)."""
     bodies = [(event, event.WhichOneof("body")) for event in events]
     return [getattr(event, body).message for event, body in bodies if body in _CARRYING_MESSAGES]
+
+
+class _SummaryFolds:
+    """The summaries of the rows one `project` call touches, each parsed from its row
+    once, folded on with the events (the same fold as a state's), serialized once.
+    A row without a summary (None) stays without one: the store folds it whole."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, pb.SessionState | None] = {}
+        self._agents: dict[str, pb.Agent | None] = {}
+
+    def session(self, event: pb.Event, index: SessionIndex) -> None:
+        if event.session_id not in self._sessions or event.HasField("session_opened"):
+            summary = index.summary
+            self._sessions[event.session_id] = (
+                None if summary is None else pb.SessionState(session=pb.Session.FromString(summary))
+            )
+        state = self._sessions[event.session_id]
+        if state is not None:
+            # Only `session` is kept: the rest of this partial state is left behind.
+            replay.apply_to_session(state, event)
+
+    def agent(self, event: pb.Event, index: AgentIndex) -> None:
+        if event.agent not in self._agents or event.HasField("agent_created"):
+            summary = b"" if event.HasField("agent_created") else index.summary
+            self._agents[event.agent] = None if summary is None else pb.Agent.FromString(summary)
+        agent = self._agents[event.agent]
+        if agent is not None:
+            replay.apply_to_agent(agent, event)
+            agent.ClearField("memory")
+
+    def session_summary(self, session_id: str) -> bytes | None:
+        state = self._sessions.get(session_id)
+        return None if state is None else serialized_summary(state.session)
+
+    def agent_summary(self, name: str) -> bytes | None:
+        agent = self._agents.get(name)
+        return None if agent is None else serialized_summary(agent)
 
 
 class Sessions:
@@ -173,21 +213,27 @@ class Sessions:
         known: SessionIndex | None = None,
     ) -> None:
         """Updates the index rows and routes for logged events (also what a rebuild
-        replays): each touched row is read once and written once per call."""
+        replays): each touched row is read once and written once per call, its
+        summary folded on from the row's (never re-read from the log)."""
         sessions: dict[str, SessionIndex] = {} if known is None else {known.session_id: known}
         agents: dict[str, AgentIndex] = {}
+        folds = _SummaryFolds()
         for event in events:
             if event.session_id:
                 self._project_session(event, sessions)
+                folds.session(event, sessions[event.session_id])
             else:
                 self._project_agent(event, agents)
+                folds.agent(event, agents[event.agent])
         every = self.limits.snapshot_every
         for index in sessions.values():
+            index = replace(index, summary=folds.session_summary(index.session_id))
             if snapshot and index.version - index.snapshot_version >= every:
                 self._snapshot_session(index.session_id)
                 index = replace(index, snapshot_version=index.version)
             self.store.put_session_index(index)
         for agent in agents.values():
+            agent = replace(agent, summary=folds.agent_summary(agent.name))
             if snapshot and agent.version - agent.snapshot_version >= every:
                 self._snapshot_agent(agent.name)
                 agent = replace(agent, snapshot_version=agent.version)
@@ -219,6 +265,7 @@ class Sessions:
             version=event.agent_version or counted,
             last_seq=event.sequence,
             snapshot_version=0 if current is None else current.snapshot_version,
+            summary=None if current is None else current.summary,
         )
 
     def _project_session(self, event: pb.Event, sessions: dict[str, SessionIndex]) -> None:
@@ -235,6 +282,7 @@ class Sessions:
                 last_seq=event.sequence,
                 version=event.session_version,
                 snapshot_version=0,
+                summary=b"",  # a new session's summary starts empty
             )
             if opened.routing_key:
                 self.store.set_route(event.agent, opened.routing_key, event.session_id)
@@ -480,10 +528,30 @@ class Sessions:
             )
         return index
 
-    def summary(self, session_id: str) -> pb.Session:
-        state = self.store.session_state(session_id)
-        assert state is not None
-        return state.session
+    def summary(self, session_id: str, index: SessionIndex | None = None) -> pb.Session:
+        """The session as its projection row keeps it: one statement, none when the
+        caller passes the row it read in this transaction."""
+        index = index or self.store.session_index(session_id)
+        assert index is not None, f"no session {session_id!r}"
+        if index.summary is None:  # a row not summarized yet (see `recovery.fill_summaries`)
+            state = self.store.session_state(session_id)
+            assert state is not None
+            return state.session
+        return pb.Session.FromString(index.summary)
+
+    def live_agent_summary(self, name: str) -> pb.Agent:
+        """The live agent without its memory, from its projection row (one statement):
+        enough for routing, freshness and existence checks."""
+        index = self.store.agent_index(name)
+        if index is None:
+            raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
+        if index.summary is None:
+            agent = agent_summary(self.live_agent(name))
+        else:
+            agent = pb.Agent.FromString(index.summary)
+        if agent.archived:
+            raise FailedPrecondition("AGENT_ARCHIVED", f"agent {name!r} is archived")
+        return agent
 
     def open_session(
         self,
@@ -532,24 +600,26 @@ class Sessions:
             checked_session_id(session_id)
 
             def join() -> tuple[pb.Session, bool]:
-                self.live_agent(agent)
-                self.open_session_of(agent, session_id)
-                return self.summary(session_id), False
+                self.live_agent_summary(agent)
+                index = self.open_session_of(agent, session_id)
+                return self.summary(session_id, index), False
 
             return await self.runner.read(join)
         routing.checked_source(source)
 
         def op(now: float) -> tuple[pb.Session, bool]:
-            settings = self.live_agent(agent).settings
+            # An existing route costs two statements after the log lock: the agent's
+            # row, then the route joined with its session's row.
+            settings = self.live_agent_summary(agent).settings
             stored = routing.stored_source(source, self.redactor_for(settings))
             key = routing.routing_key(agent, stored, settings.routing)
-            existing = self.store.route(agent, key)
+            existing = self.store.routed_session(agent, key)
             if existing is not None:
-                current = self.summary(existing)
-                reason = freshness.reset_reason(self.live_agent(agent).settings, current, now)
+                current = self.summary(existing.session_id, existing)
+                reason = freshness.reset_reason(settings, current, now)
                 if reason is None:
                     return current, False
-                return self.reset_now(now, agent, existing, reason), True
+                return self.reset_now(now, agent, existing.session_id, reason), True
             new_id = new_session_id()
             # Single flight: the first to take the route creates the session;
             # a concurrent resolver (another replica too) finds the route taken.
@@ -584,7 +654,7 @@ class Sessions:
         chosen = session_id or new_session_id()
 
         def op(now: float) -> pb.Session:
-            self.live_agent(agent)
+            self.live_agent_summary(agent)
             if self.store.session_index(chosen) is not None:
                 raise AlreadyExists("SESSION_EXISTS", f"session {chosen!r} exists already")
             return self.open_session(now, agent, chosen, "", pb.Source(), temp_state)
@@ -597,8 +667,7 @@ class Sessions:
         checked_session_id(session_id)
 
         def op() -> pb.Session:
-            self.session_of(agent, session_id)
-            return self.summary(session_id)
+            return self.summary(session_id, self.session_of(agent, session_id))
 
         return await self.runner.read(op)
 
@@ -621,7 +690,7 @@ class Sessions:
             rows = self.store.list_sessions(agent, status, transport, before, size + 1)
             more = len(rows) > size
             rows = rows[:size]
-            sessions = [self.summary(row.session_id) for row in rows]
+            sessions = [self.summary(row.session_id, row) for row in rows]
             token = pagination.encode([rows[-1].created_seq], filters) if more else ""
             return sessions, token
 
@@ -657,7 +726,7 @@ class Sessions:
         validation.text("reason", reason, max_len=256)
 
         def op(now: float) -> tuple[pb.Session, pb.Session]:
-            self.live_agent(agent)
+            self.live_agent_summary(agent)
             fresh = self.reset_now(now, agent, session_id, reason or "reset")
             return self.summary(session_id), fresh
 
@@ -667,7 +736,7 @@ class Sessions:
     def reset_now(self, now: float, agent: str, session_id: str, reason: str) -> pb.Session:
         """Ends a session with a reason and opens a fresh one on its routing key."""
         index = self.open_session_of(agent, session_id)
-        old = self.summary(session_id)
+        old = self.summary(session_id, index)
         self.log(now, [self._ended_event(index, reason)])
         return self.open_session(now, agent, new_session_id(), index.routing_key, old.source)
 

@@ -9,8 +9,9 @@ run transactions are `switchboard.runner`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from contextlib import AbstractContextManager
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, cast
 
@@ -44,6 +45,59 @@ class DatabaseSettings:
     on_settings_mismatch: SettingsMismatch = "refuse"
 
 
+#: Statements that only begin or end a transaction or a savepoint: not counted as
+#: work, since how they travel differs between the backends (Postgres defers them).
+_TRANSACTION_CONTROL = ("BEGIN", "SAVEPOINT", "RELEASE", "COMMIT", "ROLLBACK", "END")
+
+
+class StatementCounter:
+    """Counts the SQL statements a backend's code sends, so that tests and benchmarks can
+    hold a call to a number of statements, counted the same way on both backends.
+
+    Each backend's database notes every statement given to `execute_sql` and every
+    write deferred with `Backend.execute_later` (on Postgres it travels inside the
+    next statement, but it is still one statement of work); transaction control
+    (BEGIN, SAVEPOINT, RELEASE, COMMIT, ROLLBACK) and the Postgres clock sample are
+    not counted. Off (one attribute check per statement) until `counting()`."""
+
+    def __init__(self) -> None:
+        self._on = 0
+        self._lock = threading.Lock()
+        self._statements: list[str] = []
+        self._paused = threading.local()
+
+    def note(self, sql: str) -> None:
+        paused: int = getattr(self._paused, "depth", 0)
+        if not self._on or paused:
+            return
+        if sql.lstrip().split(" ", 1)[0].upper() in _TRANSACTION_CONTROL:
+            return
+        with self._lock:
+            self._statements.append(sql)
+
+    @contextmanager
+    def counting(self) -> Iterator[list[str]]:
+        """The statements sent while the block runs (by every thread), in order."""
+        with self._lock:
+            self._on += 1
+            self._statements = []
+        try:
+            yield self._statements
+        finally:
+            with self._lock:
+                self._on -= 1
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Statements this thread sends in the block are bookkeeping of the backend
+        itself (the clock sample), not work of the call being counted."""
+        self._paused.depth = getattr(self._paused, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._paused.depth -= 1
+
+
 class StartupRefused(Exception):
     """The database must not be served (damaged, or its stored settings disagree):
     the process says why and exits non-zero instead of starting."""
@@ -65,6 +119,8 @@ class Backend(Protocol):
     #: until the transaction ends, without waiting, and is true when it did: Postgres'
     #: `pg_try_advisory_xact_lock`; always true on SQLite, whose writers take turns.
     try_lock_sql: str
+    #: Counts the statements sent through this backend (see `StatementCounter`).
+    statements: StatementCounter
 
     @property
     def database(self) -> peewee.Database: ...

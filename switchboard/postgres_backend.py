@@ -20,7 +20,7 @@ import psycopg2
 import psycopg2.extensions
 from playhouse.pool import MaxConnectionsExceeded, PooledPostgresqlDatabase
 
-from switchboard.database import DatabaseSettings
+from switchboard.database import DatabaseSettings, StatementCounter
 from switchboard.errors import ConnectionLost, DomainError, Unavailable
 
 #: Seconds libpq waits for a connection (a dead or black-holed server): calls fail
@@ -50,6 +50,7 @@ class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deferred = threading.local()
+        self.statements = StatementCounter()
 
     def _queued(self) -> list[str]:
         queued: list[str] | None = getattr(self._deferred, "sql", None)
@@ -80,6 +81,7 @@ class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc
         self.defer("BEGIN")
 
     def execute_sql(self, sql: str, params: Any = None) -> Any:
+        self.statements.note(sql)
         return super().execute_sql(self._take_queued() + sql, params)
 
     def cursor(self, named_cursor: Any = None) -> Any:
@@ -210,6 +212,7 @@ class PostgresBackend:
             timeout=10,
             **options,
         )
+        self.statements = self.database.statements
 
     def write_transaction(self) -> AbstractContextManager[Any]:
         transaction: AbstractContextManager[Any] = self.database.atomic()
@@ -228,7 +231,10 @@ class PostgresBackend:
         return self._clock.now(self._read_clock)
 
     def _read_clock(self) -> float:
-        row = self.database.execute_sql("SELECT extract(epoch from clock_timestamp())").fetchone()
+        with self.statements.uncounted():  # a sample every few seconds, whatever the call
+            row = self.database.execute_sql(
+                "SELECT extract(epoch from clock_timestamp())"
+            ).fetchone()
         return float(row[0])
 
     def execute_later(self, sql: str, params: Sequence[Any]) -> None:
@@ -240,6 +246,7 @@ class PostgresBackend:
         # prefixed to the next statement or the COMMIT like BEGIN and SAVEPOINT are.
         with _driver_errors_wrapped():
             text = database.connection().cursor().mogrify(sql, params)
+        database.statements.note(sql)  # travels with the next one, but is work of its own
         database.defer(text.decode())
 
     def probe(self) -> None:

@@ -30,7 +30,12 @@ from urllib.parse import quote
 
 import peewee
 
-from switchboard.database import DatabaseSettings, IntegrityCheck, StartupRefused
+from switchboard.database import (
+    DatabaseSettings,
+    IntegrityCheck,
+    StartupRefused,
+    StatementCounter,
+)
 from switchboard.errors import DomainError, ResourceExhausted, Unavailable
 from switchboard.sqlite_clock import AnchoredClock, WallClock, anchored_clock
 
@@ -57,6 +62,7 @@ class SqliteBackend:
         self._faults = _FaultLog()
         #: Set when a statement met a damaged page: health stops answering SERVING.
         self._damage: str | None = None
+        self.statements = StatementCounter()
         if path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             if not Path(path).exists():
@@ -64,6 +70,7 @@ class SqliteBackend:
         self.database = _GuardedDatabase(
             path,
             self.file,
+            self.statements,
             pragmas={
                 "journal_mode": "wal",
                 "synchronous": settings.sqlite_synchronous,
@@ -275,9 +282,12 @@ class _GuardedDatabase(peewee.SqliteDatabase):
     """peewee's SQLite database with the file checked before each transaction and
     each statement outside one; connections after the first never create the file."""
 
-    def __init__(self, path: str, file: DataFile, **kwargs: Any) -> None:
+    def __init__(
+        self, path: str, file: DataFile, statements: StatementCounter, **kwargs: Any
+    ) -> None:
         super().__init__(path, **kwargs)
         self._file = file
+        self.statements = statements
 
     def _connect(self) -> sqlite3.Connection:
         peewee_database: Any = super()  # peewee's stubs leave these out
@@ -309,6 +319,7 @@ class _GuardedDatabase(peewee.SqliteDatabase):
         super().begin(lock_type)
 
     def execute_sql(self, sql: str, params: Any = None) -> Any:
+        self.statements.note(sql)
         if self.transaction_depth() == 0:
             self._file.check()
         peewee_database: Any = super()

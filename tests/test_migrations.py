@@ -69,7 +69,10 @@ def _pre_versioning_schema(backend: Backend) -> None:
     database: Any = backend.database
     store = LogStore(backend)
     with database.connection_context():
-        database.create_tables(store.models, safe=True)
+        # The store's tables as that release had them (the store's models now carry
+        # later migrations' columns): the frozen baseline models.
+        with database.bind_ctx(SESSION_BASELINE):
+            database.create_tables(SESSION_BASELINE, safe=True)
         store.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
         store.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
         # The ledger's tables as that release had them: the frozen baseline models.
@@ -94,6 +97,14 @@ def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) 
                 )
             )
         _drop_row_scope(database)
+        _drop_projection_summaries(database)
+
+
+def _drop_projection_summaries(database: Any) -> None:
+    """Session projection rows as they were before they kept summaries (migration 3)."""
+    migrator = SchemaMigrator.from_database(database)
+    for table in ("session_agent", "session_session"):
+        migrate(migrator.drop_column(table, "summary"))
 
 
 #: What delivery migration 4 (row_scope) added: (table, column) and indexes.
