@@ -110,10 +110,11 @@ def _changed_every_way(service: InProcessSession) -> list[str]:
     ends, resets, forks and a rewind, agent settings and memory too."""
     create_agent(service.stub)
     stub = service.stub
-    ids = _sessions_with_history(service, sessions=3, events=3)
-    stub.MarkResumable(
-        pb.MarkResumableRequest(agent="main", session_id=ids[0], pending=True, holder="gw-1")
-    )
+    ids = _sessions_with_history(service, sessions=4, events=3)
+    for session_id in (ids[0], ids[3]):  # ids[0] is rewound later: its row is refolded
+        stub.MarkResumable(
+            pb.MarkResumableRequest(agent="main", session_id=session_id, pending=True, holder="gw")
+        )
     stub.SuspendSession(pb.SuspendSessionRequest(agent="main", session_id=ids[1], suspended=True))
     stub.EndSession(pb.EndSessionRequest(agent="main", session_id=ids[2], reason="done"))
     fresh = stub.ResetSession(pb.ResetSessionRequest(agent="main", session_id=ids[1])).session
