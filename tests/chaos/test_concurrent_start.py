@@ -27,6 +27,7 @@ from playhouse.migrate import SchemaMigrator, migrate
 from delivery_service.migrations import BASELINE_MODELS as DELIVERY_BASELINE
 from delivery_service.migrations import DELIVERY_SCHEMA
 from session_service.log_store import LogStore
+from session_service.migrations import BASELINE_MODELS as SESSION_BASELINE
 from session_service.migrations import SESSION_SCHEMA
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
@@ -69,7 +70,10 @@ def _make_pre_versioning(session_url: str, delivery_url: str) -> None:
     database: Any = session.database
     with database.connection_context():
         store = LogStore(session)
-        database.create_tables(store.models, safe=True)
+        # The store's tables as that release had them: the frozen baseline models
+        # (the store's models now carry later migrations' columns).
+        with database.bind_ctx(SESSION_BASELINE):
+            database.create_tables(SESSION_BASELINE, safe=True)
         store.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
         store.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
         drop = SchemaMigrator.from_database(database).drop_column
