@@ -24,7 +24,7 @@ from session_service.log_store import (
     agent_entity,
     session_entity,
 )
-from session_service.watching import Watching
+from session_service.watching import Watching, WatchLimits
 from switchboard import pagination, validation
 from switchboard.errors import (
     Aborted,
@@ -59,8 +59,14 @@ class SessionLimits:
     snapshot_every: int = 100
     #: Longest message content accepted, in UTF-8 bytes.
     max_content_bytes: int = 256 * 1024
-    #: How often an idle watcher looks for events other replicas appended.
+    #: How often the log tailer looks for events no notification announced (other
+    #: replicas on SQLite, or Postgres while LISTEN is down).
     watch_poll_s: float = 1.0
+    #: WatchEvents streams held at once (--max-watchers), and each live watcher's queue
+    #: bound: beyond it the watcher is ended WATCHER_TOO_SLOW (see `watching`).
+    max_watchers: int = 4000
+    watch_queue_events: int = 1000
+    watch_queue_bytes: int = 4 * 1024 * 1024
     #: How long a request id's answer is kept for retries.
     request_id_window_s: float = DEFAULT_WINDOW_S
 
@@ -108,7 +114,13 @@ class Sessions:
         self.limits = limits
         #: Hashes the ids agents with `settings.redact_pii` must not store raw.
         self.redactor = redactor or pii.Redactor()
-        self.watching = Watching(runner, store, limits, self._watchable)
+        watch_limits = WatchLimits(
+            max_watchers=limits.max_watchers,
+            queue_events=limits.watch_queue_events,
+            queue_bytes=limits.watch_queue_bytes,
+            poll_s=limits.watch_poll_s,
+        )
+        self.watching = Watching(runner, store, watch_limits, self._watchable)
 
     # == validation ========================================================================
 
