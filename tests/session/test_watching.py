@@ -139,3 +139,47 @@ def test_the_watcher_cap_leaves_unary_calls_and_health_alone(
         assert answer.status == health_pb2.HealthCheckResponse.SERVING
         for stream in streams:
             stream.cancel()
+
+
+def test_health_watch_streams_the_status_and_its_changes(
+    database_url: str, loop_thread: EventLoopThread
+) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with session_server(loop_thread, database_url) as service:
+        health = health_pb2_grpc.HealthStub(service.channel)
+        stream = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=30)
+        assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
+        unknown = health.Watch(health_pb2.HealthCheckRequest(service="no.Such"), timeout=30)
+        assert next(unknown).status == health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+        unknown.cancel()
+        loop_thread.run(service.app._set_health(False))
+        assert next(stream).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        loop_thread.run(service.app._set_health(True))
+        assert next(stream).status == health_pb2.HealthCheckResponse.SERVING
+        stream.cancel()
+
+
+@pytest.mark.postgres
+def test_a_watcher_on_another_replica_hears_of_appends_by_notify(
+    database_url: str, start_session: StartSession
+) -> None:
+    if not database_url.startswith("postgres"):
+        pytest.skip("LISTEN/NOTIFY is Postgres'")
+    # Polling once a minute: within the stream's 30 s only a notification can wake B.
+    limits = SessionLimits(watch_poll_s=60.0)
+    replica_a, replica_b = start_session(limits), start_session(limits)
+    create_agent(replica_a.stub)
+    session = resolve(replica_a.stub, **web()).session
+    stream = replica_b.stub.WatchEvents(
+        pb.WatchEventsRequest(session_id=session.session_id, after_sequence=session.last_sequence),
+        timeout=30,
+    )
+    sent = [append(replica_a.stub, session.session_id, user_message(f"m{n}")) for n in range(3)]
+    seen = []
+    for item in stream:
+        seen.append(item.event.sequence)
+        if len(seen) == len(sent):
+            break
+    stream.cancel()
+    assert seen == [answer.events[-1].sequence for answer in sent]
