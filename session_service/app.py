@@ -65,6 +65,7 @@ class SessionUnit:
         )
 
     def close(self) -> None:
+        self.sessions.watching.close()
         self.runner.close()
 
     def probe(self) -> None:

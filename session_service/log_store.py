@@ -191,6 +191,10 @@ def _session_index(fields: dict[str, Any]) -> SessionIndex:
     )
 
 
+#: The channel appends are announced on (Postgres NOTIFY), for other replicas' watchers.
+LOG_CHANNEL = "switchboard_session_log"
+
+
 def agent_entity(name: str) -> str:
     return f"agent:{name}"
 
@@ -449,6 +453,7 @@ class LogStore:
             )
         for row in rows:
             self._write(self._insert_events, row)
+        self.backend.notify(LOG_CHANNEL)  # wakes other replicas' watchers at commit
         return list(events)
 
     def read(
@@ -466,6 +471,37 @@ class LogStore:
             query = query.where((self.Event.session_id == session_id) | is_rewind)
         rows = tuples(query.order_by(self.Event.seq).limit(limit))
         return [_event(payload) for (payload,) in rows]
+
+    def read_page(
+        self,
+        after_seq: int,
+        until_seq: int | None,
+        limit: int,
+        max_bytes: int,
+        agent: str = "",
+        session_id: str = "",
+    ) -> tuple[list[pb.Event], bool]:
+        """Up to `limit` events after `after_seq` (up to `until_seq`) filtered as `read`,
+        stopping before the one that would pass `max_bytes` (the first always comes), in
+        one statement; and whether more are left. Rows past the budget come back as
+        NULLs, so their payloads never leave the database."""
+        where, params = ["seq > ?"], [after_seq]
+        if until_seq is not None:
+            where.append("seq <= ?")
+            params.append(until_seq)
+        for column, value in (("agent", agent), ("session_id", session_id)):
+            if value:
+                where.append(f"({column} = ? OR kind = 'rewound')")
+                params.append(value)  # type: ignore[arg-type]
+        sql = self._sql(
+            "SELECT CASE WHEN upto - size < ? THEN payload END FROM ("
+            "SELECT seq, payload, LENGTH(payload) AS size, "
+            "SUM(LENGTH(payload)) OVER (ORDER BY seq) AS upto FROM session_log "
+            f"WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?) AS page ORDER BY seq"
+        )
+        rows = self.database.execute_sql(sql, [max_bytes, *params, limit + 1]).fetchall()
+        payloads = [row[0] for row in rows[:limit] if row[0] is not None]
+        return [_event(bytes(payload)) for payload in payloads], len(rows) > len(payloads)
 
     def highest_version(self, entity: str) -> int:
         """The highest version the agent or session ever had, on any branch: 0 for one

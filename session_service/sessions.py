@@ -7,7 +7,6 @@ transaction through `project`, the one function a rebuild replays too.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -27,6 +26,7 @@ from session_service.log_store import (
     serialized_summary,
     session_entity,
 )
+from session_service.watching import Watching, WatchLimits
 from switchboard import pagination, validation
 from switchboard.errors import (
     Aborted,
@@ -61,8 +61,14 @@ class SessionLimits:
     snapshot_every: int = 100
     #: Longest message content accepted, in UTF-8 bytes.
     max_content_bytes: int = 256 * 1024
-    #: How often an idle watcher looks for events other replicas appended.
+    #: How often the log tailer looks for events no notification announced (other
+    #: replicas on SQLite, or Postgres while LISTEN is down).
     watch_poll_s: float = 1.0
+    #: WatchEvents streams held at once (--max-watchers), and each live watcher's queue
+    #: bound: beyond it the watcher is ended WATCHER_TOO_SLOW (see `watching`).
+    max_watchers: int = 4000
+    watch_queue_events: int = 1000
+    watch_queue_bytes: int = 4 * 1024 * 1024
     #: How long a request id's answer is kept for retries.
     request_id_window_s: float = DEFAULT_WINDOW_S
 
@@ -148,8 +154,13 @@ class Sessions:
         self.limits = limits
         #: Hashes the ids agents with `settings.redact_pii` must not store raw.
         self.redactor = redactor or pii.Redactor()
-        self._waiters: set[asyncio.Future[None]] = set()
-        self._head_poller: asyncio.Task[None] | None = None
+        watch_limits = WatchLimits(
+            max_watchers=limits.max_watchers,
+            queue_events=limits.watch_queue_events,
+            queue_bytes=limits.watch_queue_bytes,
+            poll_s=limits.watch_poll_s,
+        )
+        self.watching = Watching(runner, store, watch_limits, self._watchable)
 
     # == validation ========================================================================
 
@@ -311,10 +322,7 @@ class Sessions:
         self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent.SerializeToString())
 
     def notify_watchers(self) -> None:
-        waiters, self._waiters = self._waiters, set()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        self.watching.notify()
 
     async def write(self, op: Callable[[float], Any]) -> Any:
         result = await self.runner.write(op)
@@ -931,62 +939,17 @@ class Sessions:
         result: int = await self.runner.write(op)
         return result
 
-    async def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[pb.Event]:
-        """Events after `after`, then live ones as they commit, until the caller leaves.
-
-        An idle watcher is a parked coroutine: local commits wake it at once, and
-        one shared poller of the log head (not one per watcher) wakes it for
-        events other replicas appended.
-        """
+    def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[pb.Event]:
+        """Events after `after`, then live ones as they commit (`watching.Watching`)."""
         if agent:
             agent_name("agent", agent)
         if session_id:
             checked_session_id(session_id)
         validation.int64("after_sequence", after)
-        if session_id:
-            # A session the caller cannot see is NOT_FOUND at once, as on every other
-            # call (another agent's session too), rather than a silent stream.
-            await self.runner.read(lambda: self._watchable(agent, session_id))
-        last = after
-        while True:
-            # Register before reading, so a commit between the read and the wait
-            # is not missed.
-            waiter = self._register_waiter()
-            try:
-                batch = await self.runner.read(
-                    lambda last=last: self.store.read(last, 500, agent, session_id)  # type: ignore[misc]
-                )
-                for event in batch:
-                    yield event
-                    last = event.sequence
-                if len(batch) < 500:
-                    await waiter
-            finally:
-                self._waiters.discard(waiter)
+        return self.watching.watch(after, agent, session_id)
 
     def _watchable(self, agent: str, session_id: str) -> None:
         if agent:
             self.session_of(agent, session_id)
         elif self.store.session_index(session_id) is None:
             raise NotFound("SESSION_NOT_FOUND", f"there is no session {session_id!r}")
-
-    def _register_waiter(self) -> asyncio.Future[None]:
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._waiters.add(waiter)
-        if self._head_poller is None or self._head_poller.done():
-            self._head_poller = loop.create_task(self._poll_head())
-        return waiter
-
-    async def _poll_head(self) -> None:
-        """While anyone watches, wakes them when the log head moves (other replicas)."""
-        try:
-            seen = await self.runner.read(self.store.head)
-            while self._waiters:
-                await asyncio.sleep(self.limits.watch_poll_s)
-                head = await self.runner.read(self.store.head)
-                if head != seen:
-                    seen = head
-                    self.notify_watchers()
-        except RuntimeError:
-            return  # the runner closed: the server is stopping

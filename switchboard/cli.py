@@ -221,8 +221,18 @@ def main(log_level: str, log_format: str) -> None:
     default=None,
     type=click.IntRange(min=1),
     envvar="SWITCHBOARD_MAX_CONCURRENT_RPCS",
-    help="Beyond this many calls at once, answer RESOURCE_EXHAUSTED before reading the "
-    "request [default: no limit].",
+    help="Beyond this many unary calls at once, answer RESOURCE_EXHAUSTED before reading "
+    "the request; watchers' streams (see --max-watchers) and health checks are not "
+    "counted [default: no limit].",
+)
+@click.option(
+    "--max-watchers",
+    default=4000,
+    type=click.IntRange(min=1),
+    envvar="SWITCHBOARD_MAX_WATCHERS",
+    show_default=True,
+    help="WatchEvents streams held at once by the SessionService; more are answered "
+    "RESOURCE_EXHAUSTED (TOO_MANY_WATCHERS). Not counted in --max-concurrent-rpcs.",
 )
 @click.option(
     "--max-connections",
@@ -341,6 +351,7 @@ def serve(
     max_content_bytes: int,
     request_id_window: float,
     max_concurrent_rpcs: int | None,
+    max_watchers: int,
     max_connections: int,
     max_streams_per_connection: int,
     http2_window_bytes: int,
@@ -411,7 +422,9 @@ def serve(
         if which in ("all", "session"):
             settings = database(session_database_url, "session.sqlite3")
             limits = SessionLimits(
-                snapshot_every=snapshot_every, request_id_window_s=request_id_window
+                snapshot_every=snapshot_every,
+                request_id_window_s=request_id_window,
+                max_watchers=max_watchers,
             )
             apps.append(
                 GrpcApp(

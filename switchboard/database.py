@@ -10,7 +10,7 @@ run transactions are `switchboard.runner`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, cast
@@ -142,6 +142,18 @@ class Backend(Protocol):
         Postgres it travels with the transaction's next statement (or its COMMIT)
         instead of costing a round trip of its own; later statements see it, as they
         would have. Outside a transaction it runs at once."""
+        ...
+
+    def notify(self, channel: str) -> None:
+        """Announces `channel` when the current transaction commits (Postgres NOTIFY,
+        sent with the transaction's next statement); nothing on SQLite."""
+        ...
+
+    def listen(self, channel: str, announced: Callable[[], None]) -> Callable[[], None] | None:
+        """Calls `announced` (from a thread of its own) after commits that notified
+        `channel`, and after each (re)connection of its listening connection, which it
+        keeps up through database faults; returns the function that stops it. None
+        where there is no such thing (SQLite: other processes are found by polling)."""
         ...
 
     def probe(self) -> None:

@@ -8,6 +8,7 @@ logged and answered INTERNAL, never UNKNOWN.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -203,9 +204,28 @@ def rewrapped(
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **serializers)
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(stream(handler.unary_stream), **serializers)
+        behavior = _as_async_generator(handler.unary_stream)
+        return grpc.unary_stream_rpc_method_handler(stream(behavior), **serializers)
     if handler.stream_unary is not None:
         return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **serializers)
     if handler.stream_stream is not None:
-        return grpc.stream_stream_rpc_method_handler(stream(handler.stream_stream), **serializers)
+        behavior = _as_async_generator(handler.stream_stream)
+        return grpc.stream_stream_rpc_method_handler(stream(behavior), **serializers)
     return handler
+
+
+def _as_async_generator(behavior: Any) -> Any:
+    """A streaming behaviour as an async generator, which the wrappers iterate.
+
+    Some write their answers with `context.write` from a coroutine instead
+    (grpc's own Health/Watch): those become a generator that yields nothing of
+    its own while the coroutine writes."""
+    if not inspect.iscoroutinefunction(behavior):
+        return behavior
+
+    async def written(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await behavior(request, context)
+        return
+        yield  # an async generator
+
+    return written

@@ -8,6 +8,8 @@ seconds instead of once per transaction (`_DatabaseClock`).
 
 from __future__ import annotations
 
+import logging
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -22,6 +24,8 @@ from playhouse.pool import MaxConnectionsExceeded, PooledPostgresqlDatabase
 
 from switchboard.database import DatabaseSettings, StatementCounter
 from switchboard.errors import ConnectionLost, DomainError, Unavailable
+
+log = logging.getLogger(__name__)
 
 #: Seconds libpq waits for a connection (a dead or black-holed server): calls fail
 #: fast with UNAVAILABLE rather than waiting out their deadlines.
@@ -186,6 +190,64 @@ def _is_connection_fault(exc: BaseException) -> bool:
     return False
 
 
+class _Listener:
+    """One connection per process in LISTEN, on a daemon thread: calls `announced` for
+    each batch of notifications, and after every (re)connection (commits made while
+    it was away were announced to nobody). Reconnects after faults, backing off."""
+
+    #: Seconds between checks of the stop flag while no notification comes.
+    TICK_S = 0.5
+    RETRY_S = (0.1, 0.5, 1.0, 2.0)
+
+    def __init__(
+        self, options: dict[str, Any], channel: str, announced: Callable[[], None]
+    ) -> None:
+        self._options = options
+        self._channel = channel
+        self._announced = announced
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pg-listen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=self.TICK_S * 4)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                self._listen_on_one_connection()
+                failures = 0
+            except (psycopg2.Error, OSError) as exc:
+                if failures == 0:
+                    log.warning(
+                        "LISTEN %s: connection lost (%s); reconnecting",
+                        self._channel,
+                        str(exc).strip().splitlines()[:1],
+                    )
+                self._stopped.wait(self.RETRY_S[min(failures, len(self.RETRY_S) - 1)])
+                failures += 1
+
+    def _listen_on_one_connection(self) -> None:
+        connection = psycopg2.connect(**self._options)
+        try:
+            connection.autocommit = True
+            with connection.cursor() as cursor:
+                cursor.execute(f"LISTEN {self._channel}")
+            self._announced()
+            while not self._stopped.is_set():
+                if select.select([connection], [], [], self.TICK_S)[0]:
+                    connection.poll()
+                    if connection.notifies:
+                        connection.notifies.clear()
+                        self._announced()
+        finally:
+            connection.close()
+
+
 class PostgresBackend:
     name = "postgres"
     try_lock_sql = "pg_try_advisory_xact_lock(?)"
@@ -200,12 +262,20 @@ class PostgresBackend:
         options.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
         self.writer_threads = settings.writer_threads
         self._clock = _DatabaseClock()
-        self.database = _DeferringPostgresDatabase(
-            unquote(parsed.path.lstrip("/")) or "postgres",
+        self._connect_options: dict[str, Any] = dict(
+            dbname=unquote(parsed.path.lstrip("/")) or "postgres",
             user=unquote(parsed.username) if parsed.username else None,
             password=unquote(parsed.password) if parsed.password else None,
             host=parsed.hostname or "127.0.0.1",
             port=parsed.port or 5432,
+            **options,
+        )
+        self.database = _DeferringPostgresDatabase(
+            self._connect_options["dbname"],
+            user=self._connect_options["user"],
+            password=self._connect_options["password"],
+            host=self._connect_options["host"],
+            port=self._connect_options["port"],
             max_connections=settings.pool_size,
             stale_timeout=300,
             # Wait this long for a free pooled connection, then fail (UNAVAILABLE).
@@ -248,6 +318,16 @@ class PostgresBackend:
             text = database.connection().cursor().mogrify(sql, params)
         database.statements.note(sql)  # travels with the next one, but is work of its own
         database.defer(text.decode())
+
+    def notify(self, channel: str) -> None:
+        # In the transaction: Postgres delivers it at COMMIT, never for a rollback, and
+        # folds a group commit's identical notifications into one.
+        self.execute_later(f"NOTIFY {channel}", ())
+
+    def listen(self, channel: str, announced: Callable[[], None]) -> Callable[[], None] | None:
+        listener = _Listener(self._connect_options, channel, announced)
+        listener.start()
+        return listener.stop
 
     def probe(self) -> None:
         try:

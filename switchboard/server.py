@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client.metrics_core import Metric
 
 from switchboard.auth import AuthInterceptor, Grant, quiet_grpc_decode_errors
+from switchboard.concurrency import UnaryLimitInterceptor
 from switchboard.deadlines import DeadlineInterceptor
 from switchboard.grpc_errors import DomainErrorInterceptor
 from switchboard.observability import ObservabilityInterceptor, RpcMetrics
@@ -39,8 +40,9 @@ class ServerSettings:
     #: gRPC servers have no per-method receive limit (only clients get one, from a
     #: service config), so this one figure bounds every method.
     max_message_bytes: int = 16 * 1024 * 1024
-    #: Calls beyond this many at once are answered RESOURCE_EXHAUSTED before their
-    #: request is read (None: no limit).
+    #: Unary calls beyond this many at once are answered RESOURCE_EXHAUSTED before
+    #: their request is read (None: no limit). Streams (watchers, with their own cap),
+    #: health checks and reflection are not counted (`switchboard.concurrency`).
     max_concurrent_rpcs: int | None = None
     #: Connections held at once per listening port; more are closed as accepted
     #: (gRPC's grpc.max_allowed_incoming_connections). None: no limit.
@@ -158,14 +160,13 @@ class GrpcApp:
             DeadlineInterceptor(on_unavailable=self._probe_now.set),
             AuthInterceptor(settings.auth),
         ]
+        if settings.max_concurrent_rpcs is not None:
+            # Ours, not gRPC's maximum_concurrent_rpcs: that one counts watchers' streams.
+            interceptors.insert(0, UnaryLimitInterceptor(settings.max_concurrent_rpcs))
         if settings.metrics is not None:
             interceptors.insert(0, ObservabilityInterceptor(settings.metrics))
         quiet_grpc_decode_errors()
-        self.server = grpc.aio.server(
-            interceptors=interceptors,
-            options=channel_options(settings),
-            maximum_concurrent_rpcs=settings.max_concurrent_rpcs,
-        )
+        self.server = grpc.aio.server(interceptors=interceptors, options=channel_options(settings))
         self.unit.add_to_server(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(

@@ -22,7 +22,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, closing, contextmanager
 from pathlib import Path
 from typing import Any
@@ -152,6 +152,12 @@ class SqliteBackend:
         # No round trips to save: a local file.
         database: Any = self.database
         database.execute_sql(sql, params)
+
+    def notify(self, channel: str) -> None:
+        pass  # one process's watchers are woken by its own commits
+
+    def listen(self, channel: str, announced: Callable[[], None]) -> Callable[[], None] | None:
+        return None
 
     def probe(self) -> None:
         self.file.check()

@@ -162,15 +162,27 @@ def test_tls_and_mtls(pki: dict[str, Path], tmp_path: Path, loop_thread: EventLo
 
 
 def test_overload_is_resource_exhausted(tmp_path: Path, loop_thread: EventLoopThread) -> None:
+    """--max-concurrent-rpcs counts unary calls; a watcher's stream holds no slot."""
     url = f"sqlite:///{tmp_path / 's.sqlite3'}"
     with session_server(loop_thread, url, max_concurrent_rpcs=1) as service:
         service.stub.CreateAgent(pb.CreateAgentRequest(agent=pb.Agent(name="main")))
-        watching = service.stub.WatchEvents(pb.WatchEventsRequest())  # holds the only slot
+        watching = service.stub.WatchEvents(pb.WatchEventsRequest())
         assert next(watching).event.HasField("agent_created"), "the stream is running"
-        with pytest.raises(grpc.RpcError) as refused:
-            service.stub.ListCheckpoints(pb.ListCheckpointsRequest(), timeout=5)
-        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        service.stub.ListCheckpoints(pb.ListCheckpointsRequest(), timeout=5)
         watching.cancel()
+    settings = ServerSettings(listen="127.0.0.1:0", drain_grace_s=5.0, max_concurrent_rpcs=1)
+    app = GrpcApp(_SlowUnit(), settings)  # type: ignore[arg-type]
+    loop_thread.run(app.start())
+    with grpc.insecure_channel(app.address) as channel:
+        wait: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary("/test.Slow/Wait")
+        in_flight = wait.future(b"", timeout=10)
+        time.sleep(0.3)  # the call is running on the server, holding the only slot
+        with pytest.raises(grpc.RpcError) as refused:
+            wait(b"", timeout=5)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert in_flight.result(timeout=10) == b"done"
+        assert wait(b"", timeout=5) == b"done", "the slot was given back"
+    loop_thread.run(app.stop())
 
 
 class _SlowUnit:
