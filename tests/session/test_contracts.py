@@ -12,7 +12,11 @@ import pytest
 from click.testing import CliRunner
 from switchboard_client import SessionClient, SwitchboardError
 
-from session_service.sessions import SessionLimits
+from session_service.sessions import (
+    _LOGGED_EVENT_OVERHEAD,
+    MAX_EVENTS_PER_APPEND,
+    SessionLimits,
+)
 from switchboard import cli, pagination
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
@@ -157,6 +161,45 @@ def test_history_is_sized_before_it_is_read(service: InProcessSession) -> None:
     history = [m[:2] for page in reversed(pages) for m in _texts(page.messages)]
     assert history == [f"{n:02d}" for n in range(20)], "newest pages backwards, none lost"
     assert max(loaded) <= max(returned), "a read loaded payloads it then left out"
+
+
+def test_a_history_page_costs_the_same_statements_at_any_length(
+    service: InProcessSession,
+) -> None:
+    """Counted at the database layer: a page of 5 costs as many statements on a
+    history of 10 messages as on one of 300 (5 today: the session's row, the
+    timeline's head twice, the sizes, the payloads)."""
+    create_agent(service.stub)
+    short, long = _session(service, "short"), _session(service, "long")
+    for n in range(300):
+        if n < 10:
+            append(service.stub, short, user_message(f"s{n}"))
+        append(service.stub, long, user_message(f"l{n}"))
+    database: Any = service.unit.store.database
+    original = database.execute_sql
+    counted: list[str] = []
+
+    def counting(sql: str, *args: Any, **kwargs: Any) -> Any:
+        counted.append(sql)
+        return original(sql, *args, **kwargs)
+
+    costs = {}
+    database.execute_sql = counting
+    try:
+        for session_id in (short, long):
+            for newest in (False, True):
+                counted.clear()
+                page = service.stub.GetHistory(
+                    pb.GetHistoryRequest(
+                        agent="main", session_id=session_id, limit=5, newest=newest
+                    )
+                )
+                assert len(page.messages) == 5 and page.next_page_token
+                costs[(session_id, newest)] = len(counted)
+    finally:
+        database.execute_sql = original
+    assert costs[(short, False)] == costs[(long, False)] <= 6, costs
+    assert costs[(short, True)] == costs[(long, True)] <= 6, costs
 
 
 # -- ListCheckpoints ----------------------------------------------------------------------
@@ -356,9 +399,35 @@ def test_an_append_that_fits_still_echoes_its_events(service: InProcessSession) 
     create_agent(service.stub)
     session_id = _session(service)
     with SessionClient(service.address) as client:
-        done = client.append("main", session_id, *_five_megabytes()[:8])  # 2 MB
+        done = client.append("main", session_id, *_five_megabytes()[:12])  # 3.0 MB
     assert [e.sequence for e in done.events] == list(done.sequences)
-    assert len(done.events) == 8
+    assert len(done.events) == 12
+    assert done.ByteSize() <= pagination.MAX_ANSWER_BYTES, "the estimate fell short"
+
+
+def test_the_largest_accepted_append_is_answered_within_the_bound(
+    service: InProcessSession,
+) -> None:
+    """The size estimate made before the write is an upper bound: 100 events sized to
+    just pass it get an answer no bigger than the bound."""
+    create_agent(service.stub)
+    session_id = _session(service)
+    count = MAX_EVENTS_PER_APPEND
+
+    def sized(padding: int) -> tuple[list[pb.SessionEventInput], int]:
+        events = [user_message(f"{n:03d}" + "p" * padding) for n in range(count)]
+        extra = len("main") + len(session_id) + _LOGGED_EVENT_OVERHEAD
+        return events, sum(e.ByteSize() + extra for e in events)
+
+    padding = pagination.MAX_ANSWER_BYTES // count
+    events, estimate = sized(padding)
+    while estimate > pagination.MAX_ANSWER_BYTES:  # the largest that passes
+        padding -= -(-(estimate - pagination.MAX_ANSWER_BYTES) // count)
+        events, estimate = sized(padding)
+    assert pagination.MAX_ANSWER_BYTES - count < estimate <= pagination.MAX_ANSWER_BYTES
+    done = append(service.stub, session_id, *events)
+    assert len(done.events) == count
+    assert done.ByteSize() <= pagination.MAX_ANSWER_BYTES, "the estimate fell short"
 
 
 def test_an_unanswerable_inbox_post_is_refused_unwritten(start_session: StartSession) -> None:
