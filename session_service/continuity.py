@@ -59,23 +59,38 @@ class Continuity:
         return result
 
     async def list_resumable(self, agent: str) -> tuple[list[pb.Session], list[pb.Session]]:
+        """(fresh, stale) interrupted sessions of the agent, oldest mark first. A read:
+        stale ones are reported, and reset only by `expire_resumable` (or routing)."""
         agent_name("agent", agent)
 
-        def op(now: float) -> tuple[list[pb.Session], list[pb.Session]]:
-            settings = self.sessions.live_agent(agent).settings
-            if settings.resume.never_resume:
-                return [], []
-            fresh, expired = [], []
-            for index in self.sessions.store.resumable(agent):
-                session = self.sessions.summary(index.session_id)
-                if session.suspended:
-                    continue
-                if is_stale(settings, session, now):
-                    self.sessions.reset_now(now, agent, index.session_id, EXPIRED)
-                    expired.append(self.sessions.summary(index.session_id))
-                else:
-                    fresh.append(session)
-            return fresh, expired
+        def op() -> tuple[list[pb.Session], list[pb.Session]]:
+            # Judged on the database's clock, as the writes that expire them are.
+            return self._interrupted(agent, self.sessions.store.backend.now())
 
-        result: tuple[list[pb.Session], list[pb.Session]] = await self.sessions.write(op)
+        return await self.sessions.runner.read(op)
+
+    async def expire_resumable(self, agent: str) -> list[pb.Session]:
+        """Resets the agent's stale interrupted sessions, in one transaction; answers
+        them as ended."""
+        agent_name("agent", agent)
+
+        def op(now: float) -> list[pb.Session]:
+            _fresh, stale = self._interrupted(agent, now)
+            for session in stale:
+                self.sessions.reset_now(now, agent, session.session_id, EXPIRED)
+            return [self.sessions.summary(session.session_id) for session in stale]
+
+        result: list[pb.Session] = await self.sessions.write(op)
         return result
+
+    def _interrupted(self, agent: str, now: float) -> tuple[list[pb.Session], list[pb.Session]]:
+        settings = self.sessions.live_agent(agent).settings
+        if settings.resume.never_resume:
+            return [], []  # never resumed, and its marks never expire
+        fresh, stale = [], []
+        for index in self.sessions.store.resumable(agent):
+            session = self.sessions.summary(index.session_id)
+            if session.suspended:
+                continue
+            (stale if is_stale(settings, session, now) else fresh).append(session)
+        return fresh, stale

@@ -20,6 +20,7 @@ import peewee
 
 from session_service import replay
 from session_service.timeline import Timeline
+from switchboard import pagination
 from switchboard.database import Backend, bind_model, dicts, tuples
 from switchboard.session.v1 import session_service_pb2 as pb
 
@@ -548,19 +549,109 @@ class LogStore:
         return self._payloads(sql, params)
 
     def history(
-        self, session_id: str, after_seq: int, limit: int, newest: bool, include_abandoned: bool
-    ) -> list[pb.Event]:
+        self,
+        session_id: str,
+        after_seq: int,
+        before_seq: int | None,
+        limit: int,
+        newest: bool,
+        include_abandoned: bool,
+        budget: int,
+    ) -> tuple[list[pb.Event], bool]:
+        """The oldest (or `newest`) history messages in (after, before), at most `limit`
+        and `budget` bytes, oldest first; and whether more lie beyond them."""
         active, params = ("", []) if include_abandoned else self._active_sql("seq", self.timeline())
-        sql = (
-            self._sql(
-                "SELECT payload FROM session_log "
-                "WHERE session_id = ? AND kind = 'message_appended' AND seq > ?"
-            )
-            + active
-            + f" ORDER BY seq {'DESC' if newest else 'ASC'} LIMIT {int(limit)}"
+        where = "session_id = ? AND kind = 'message_appended' AND seq > ?"
+        bound = [] if before_seq is None else [before_seq]
+        where += "" if before_seq is None else " AND seq < ?"
+        return self._sized_page(
+            where + active, [session_id, after_seq, *bound, *params], newest, limit, budget
         )
-        events = self._payloads(sql, [session_id, after_seq, *params])
-        return events[::-1] if newest else events
+
+    def log_page(
+        self,
+        after_seq: int,
+        before_seq: int | None,
+        agent: str,
+        session_id: str,
+        kinds: Sequence[str],
+        branch: int,
+        limit: int,
+        budget: int,
+    ) -> tuple[list[tuple[pb.Event, bool]], bool]:
+        """A page of the global log in sequence order, each event with whether it is
+        abandoned (`branch`: a pb.LogBranch); and whether more match after it."""
+        timeline = self.timeline()
+        where, params = "seq > ?", [after_seq]
+        for column, value in (("agent", agent), ("session_id", session_id)):
+            if value:
+                where += f" AND {column} = ?"
+                params.append(value)
+        if before_seq is not None:
+            where += " AND seq < ?"
+            params.append(before_seq)
+        if kinds:
+            where += f" AND kind IN ({', '.join('?' for _ in kinds)})"
+            params.extend(kinds)
+        branch_sql, branch_params = self._branch_sql(branch, timeline)
+        events, more = self._sized_page(
+            where + branch_sql, [*params, *branch_params], False, limit, budget
+        )
+        return [(event, not timeline.is_active(event.sequence)) for event in events], more
+
+    def _branch_sql(self, branch: int, timeline: Timeline) -> tuple[str, list[int]]:
+        """SQL keeping the active events, the abandoned ones, or (unspecified) both."""
+        if branch == pb.LOG_BRANCH_ACTIVE:
+            return self._active_sql("seq", timeline)
+        if branch == pb.LOG_BRANCH_ABANDONED:
+            if not timeline.abandoned:
+                return " AND 1 = 0", []
+            inside = " OR ".join("(seq > ? AND seq < ?)" for _ in timeline.abandoned)
+            return self._sql(f" AND ({inside})"), [b for pair in timeline.abandoned for b in pair]
+        return "", []
+
+    def _sized_page(
+        self, where: str, params: list[Any], descending: bool, limit: int, budget: int
+    ) -> tuple[list[pb.Event], bool]:
+        """Events matching `where`, by sequence (from the top when `descending`), as many
+        as `limit` and `budget` bytes allow, returned oldest first; and whether more
+        match. Two statements: the rows' sizes (the payloads' lengths, which the
+        database knows without reading them), then the payloads of the rows that fit;
+        so no more than a page is ever loaded, however large the rows."""
+        order = "DESC" if descending else "ASC"
+        sizes = self.database.execute_sql(
+            self._sql(
+                f"SELECT seq, LENGTH(payload) FROM session_log WHERE {where} "
+                f"ORDER BY seq {order} LIMIT {int(limit) + 1}"
+            ),
+            params,
+        ).fetchall()
+        kept = pagination.fitting((int(size) for _, size in sizes[:limit]), budget)
+        seqs = sorted(int(seq) for seq, _ in sizes[:kept])
+        if not seqs:
+            return [], False
+        events = self._payloads(
+            self._sql(
+                f"SELECT payload FROM session_log WHERE seq IN ({', '.join('?' for _ in seqs)}) "
+                "ORDER BY seq"
+            ),
+            seqs,
+        )
+        return events, len(sizes) > kept
+
+    def checkpoints_page(
+        self, after: tuple[int, str] | None, limit: int
+    ) -> list[tuple[str, int, float]]:
+        """Checkpoints after (sequence, label), in that order."""
+        query = self.Checkpoint.select()
+        if after is not None:
+            seq, label = after
+            query = query.where(
+                (self.Checkpoint.seq > seq)
+                | ((self.Checkpoint.seq == seq) & (self.Checkpoint.label > label))
+            )
+        rows = tuples(query.order_by(self.Checkpoint.seq, self.Checkpoint.label).limit(limit))
+        return [(str(label), int(seq), float(at)) for label, seq, at in rows]
 
     # -- snapshots --------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from session_service.sessions import (
     agent_name,
     checked_session_id,
     new_session_id,
+    refuse_unanswerable,
 )
 from switchboard import validation
 from switchboard.errors import FailedPrecondition, InvalidArgument, PermissionDenied
@@ -219,6 +220,8 @@ class MultiAgent:
             checked_session_id(to_session_id)
         else:
             raise InvalidArgument("target", "give the receiving session's source or id")
+        size = message.ByteSize() + len(to_agent) + len(to_session_id) + 128  # a routed id
+        refuse_unanswerable("message", [size], "shorten the message")
 
         def then(now: float) -> pb.Event:
             receiver = self.sessions.live_agent(to_agent)

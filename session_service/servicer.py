@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from session_service.continuity import Continuity
+from session_service.log_reads import LogQuery, LogReads
 from session_service.multi_agent import MultiAgent
 from session_service.sessions import Sessions
 from session_service.time_travel import TimeTravel
@@ -32,6 +33,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self.time_travel = TimeTravel(sessions)
         self.multi_agent = MultiAgent(sessions)
         self.continuity = Continuity(sessions)
+        self.log_reads = LogReads(sessions)
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=agent))
     async def CreateAgent(  # noqa: N802
@@ -118,13 +120,19 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     ) -> tuple[pb.Session, pb.Session]:
         return await self.sessions.reset(request.agent, request.session_id, request.reason)
 
-    @mutation(lambda done: pb.AppendEventsResponse(events=done[0], version=done[1]))
+    @mutation(
+        lambda done: pb.AppendEventsResponse(events=done[0], version=done[1], sequences=done[2])
+    )
     async def AppendEvents(  # noqa: N802
         self, request: pb.AppendEventsRequest, context: Context
-    ) -> tuple[list[pb.Event], int]:
+    ) -> tuple[list[pb.Event], int, list[int]]:
         expected = request.expected_version if request.HasField("expected_version") else None
         return await self.sessions.append(
-            request.agent, request.session_id, expected, request.events
+            request.agent,
+            request.session_id,
+            expected,
+            request.events,
+            echo=not request.sequences_only,
         )
 
     @mutation(lambda event: pb.PostToInboxResponse(event=event))
@@ -136,15 +144,17 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def GetHistory(  # noqa: N802
         self, request: pb.GetHistoryRequest, context: Context
     ) -> pb.GetHistoryResponse:
-        messages = await self.sessions.history(
+        messages, token = await self.sessions.history(
             request.agent,
             request.session_id,
             request.after_sequence,
             request.limit,
             request.newest,
             request.include_abandoned,
+            request.before_sequence,
+            request.page_token,
         )
-        return pb.GetHistoryResponse(messages=messages)
+        return pb.GetHistoryResponse(messages=messages, next_page_token=token)
 
     async def GetSessionState(  # noqa: N802
         self, request: pb.GetSessionStateRequest, context: Context
@@ -174,8 +184,8 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def ListCheckpoints(  # noqa: N802
         self, request: pb.ListCheckpointsRequest, context: Context
     ) -> pb.ListCheckpointsResponse:
-        checkpoints = await self.time_travel.list_checkpoints()
-        return pb.ListCheckpointsResponse(checkpoints=checkpoints)
+        checkpoints, token = await self.log_reads.checkpoints(request.page_size, request.page_token)
+        return pb.ListCheckpointsResponse(checkpoints=checkpoints, next_page_token=token)
 
     @mutation(lambda record: pb.RewindResponse(record=record))
     async def Rewind(  # noqa: N802
@@ -195,6 +205,23 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.TruncateLogRequest, context: Context
     ) -> tuple[int, int]:
         return await self.time_travel.truncate(request.below_sequence)
+
+    async def ListLogEvents(  # noqa: N802
+        self, request: pb.ListLogEventsRequest, context: Context
+    ) -> pb.ListLogEventsResponse:
+        entries, token = await self.log_reads.events(
+            LogQuery(
+                after=request.after_sequence,
+                before=request.before_sequence,
+                agent=request.agent,
+                session_id=request.session_id,
+                event_types=tuple(request.event_types),
+                branch=request.branch,
+            ),
+            request.page_size,
+            request.page_token,
+        )
+        return pb.ListLogEventsResponse(entries=entries, next_page_token=token)
 
     @mutation(lambda session: pb.ForkSessionResponse(session=session))
     async def ForkSession(  # noqa: N802
@@ -248,8 +275,14 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     ) -> pb.Session:
         return await self.continuity.suspend(request.agent, request.session_id, request.suspended)
 
-    @mutation(lambda found: pb.ListResumableResponse(sessions=found[0], expired=found[1]))
     async def ListResumable(  # noqa: N802
         self, request: pb.ListResumableRequest, context: Context
-    ) -> tuple[list[pb.Session], list[pb.Session]]:
-        return await self.continuity.list_resumable(request.agent)
+    ) -> pb.ListResumableResponse:
+        fresh, stale = await self.continuity.list_resumable(request.agent)
+        return pb.ListResumableResponse(sessions=fresh, stale=stale)
+
+    @mutation(lambda expired: pb.ExpireResumableResponse(expired=expired))
+    async def ExpireResumable(  # noqa: N802
+        self, request: pb.ExpireResumableRequest, context: Context
+    ) -> list[pb.Session]:
+        return await self.continuity.expire_resumable(request.agent)

@@ -53,6 +53,9 @@ MAX_SESSION_STATE_BYTES = 2 * 1024 * 1024
 _STATE_GROWING = frozenset({"inbox_posted", "outbox_queued", "task_set", "temp_state_changed"})
 #: The events that carry a message, whose sender is a platform user id.
 _CARRYING_MESSAGES = ("message_appended", "outbox_queued", "inbox_posted")
+#: What logging adds to an event beyond its input, at most, in encoded bytes: the
+#: sequence, time and versions, a redacted sender, and the answer's field framing.
+_LOGGED_EVENT_OVERHEAD = 128
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,21 @@ def checked_session_id(value: str) -> str:
             reason="UNSAFE_ID",
         )
     return value
+
+
+def refuse_unanswerable(field: str, input_sizes: Sequence[int], remedy: str) -> None:
+    """Refuses, before anything is written, a write whose answer would echo events
+    too big for one answer (`input_sizes`: each event's input, encoded): a client
+    that could not read the answer would take a committed write for a failed one,
+    and its retry would write it twice."""
+    answer = sum(size + _LOGGED_EVENT_OVERHEAD for size in input_sizes)
+    if answer > pagination.MAX_ANSWER_BYTES:
+        raise InvalidArgument(
+            field,
+            f"the answer would be about {answer} bytes, more than the "
+            f"{pagination.MAX_ANSWER_BYTES} every client can read: {remedy}",
+            reason="ANSWER_TOO_LARGE",
+        )
 
 
 def new_session_id() -> str:
@@ -756,14 +774,20 @@ class Sessions:
         session_id: str,
         expected_version: int | None,
         inputs: Sequence[pb.SessionEventInput],
-    ) -> tuple[list[pb.Event], int]:
+        echo: bool = True,
+    ) -> tuple[list[pb.Event], int, list[int]]:
+        """(the events as logged, or none without `echo`; the version; their sequences).
+        An echo that would not fit one answer is refused before anything is written."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         if not inputs or len(inputs) > MAX_EVENTS_PER_APPEND:
             raise InvalidArgument("events", f"give 1 to {MAX_EVENTS_PER_APPEND} events")
         bodies = [self._checked_input(i, event) for i, event in enumerate(inputs)]
+        if echo:
+            sizes = [event.ByteSize() + len(agent) + len(session_id) for event in inputs]
+            refuse_unanswerable("events", sizes, "set sequences_only, or split the append")
 
-        def op(now: float) -> tuple[list[pb.Event], int]:
+        def op(now: float) -> tuple[list[pb.Event], int, list[int]]:
             index = self.open_session_of(agent, session_id)
             if expected_version is not None and expected_version != index.version:
                 raise Aborted(
@@ -782,9 +806,10 @@ class Sessions:
             self.redact_senders(agent, events)
             self._refuse_state_growth_past_limit(session_id, events)
             logged = self.log(now, events, index)
-            return logged, index.version + len(events)
+            sequences = [event.sequence for event in logged]
+            return (logged if echo else []), index.version + len(events), sequences
 
-        result: tuple[list[pb.Event], int] = await self.write(op)
+        result: tuple[list[pb.Event], int, list[int]] = await self.write(op)
         return result
 
     def _checked_input(self, index: int, event: pb.SessionEventInput) -> tuple[str, Any]:
@@ -811,6 +836,8 @@ class Sessions:
         agent_name("agent", agent)
         checked_session_id(session_id)
         self.checked_message("message", message)
+        size = message.ByteSize() + len(agent) + len(session_id)
+        refuse_unanswerable("message", [size], "shorten the message")
 
         result: pb.Event = await self.write(lambda now: self.post(now, agent, session_id, message))
         return result
@@ -888,21 +915,34 @@ class Sessions:
         limit: int,
         newest: bool,
         include_abandoned: bool = False,
-    ) -> list[pb.QueuedMessage]:
+        before: int = 0,
+        page_token: str = "",
+    ) -> tuple[list[pb.QueuedMessage], str]:
+        """A page of the history, oldest first, and the token of the next page in the
+        same direction: newer messages, or with `newest` older ones."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         validation.int64("after_sequence", after)
+        validation.int64("before_sequence", before)
         size = pagination.page_size(limit)
+        filters = ["history", agent, session_id, newest, include_abandoned, after, before]
+        position = pagination.position_of(page_token, filters, int)
+        if position is not None:  # the bound that moves: the lower one forwards
+            after, before = (after, position[0]) if newest else (position[0], before)
 
-        def op() -> list[pb.QueuedMessage]:
+        def op() -> tuple[list[pb.QueuedMessage], str]:
             self.session_of(agent, session_id)
-            events = self.store.history(session_id, after, size, newest, include_abandoned)
-            # Fewer messages when they would not fit one answer: the oldest are left
-            # out of a newest page, the newest out of a page read forwards.
-            kept = pagination.fitting(e.ByteSize() for e in (events[::-1] if newest else events))
-            events = events[len(events) - kept :] if newest else events[:kept]
+            events, more = self.store.history(
+                session_id,
+                after,
+                before or None,
+                size,
+                newest,
+                include_abandoned,
+                pagination.MAX_ANSWER_BYTES,
+            )
             timeline = self.store.timeline()
-            return [
+            messages = [
                 pb.QueuedMessage(
                     sequence=e.sequence,
                     message=e.message_appended.message,
@@ -910,6 +950,8 @@ class Sessions:
                 )
                 for e in events
             ]
+            edge = (events[0] if newest else events[-1]).sequence if events else 0
+            return messages, pagination.encode([edge], filters) if more else ""
 
         return await self.runner.read(op)
 

@@ -39,6 +39,7 @@ EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 ADMIN_ONLY = frozenset(
     {
         "ListCheckpoints",  # checkpoints are global: they name points of every agent's log
+        "ListLogEvents",  # the global log: every agent's events
         "CreateAgent", "UpdateAgent", "DeleteAgent", "ListAgents", "Rewind", "Checkout",
         "CreateCheckpoint", "TruncateLog", "PruneObligations", "RetryObligation",
         "AbandonObligation",

@@ -138,6 +138,70 @@ def register(session: click.Group, main: click.Group) -> None:
         rows = _with_sessions(address, token, lambda c: c.list_checkpoints())
         _table("checkpoints", ["label", "sequence"], [[c.label, c.sequence] for c in rows])
 
+    @session.command("log")
+    @click.option("--after", type=click.IntRange(min=0), default=0, help="After this sequence.")
+    @click.option("--before", type=click.IntRange(min=0), default=0, help="Before this sequence.")
+    @click.option("--agent", default="", help="Only this agent's events.")
+    @click.option("--session-id", default="", help="Only this session's events.")
+    @click.option(
+        "--type", "event_types", multiple=True, help="e.g. message_appended (repeatable)."
+    )
+    @click.option(
+        "--branch",
+        type=click.Choice(["any", "active", "abandoned"]),
+        default="any",
+        show_default=True,
+    )
+    @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+    @click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+    @_session_address
+    @_token
+    def log(
+        after: int,
+        before: int,
+        agent: str,
+        session_id: str,
+        event_types: tuple[str, ...],
+        branch: str,
+        limit: int,
+        as_json: bool,
+        address: str,
+        token: str | None,
+    ) -> None:
+        """Read the global log in sequence order, filtered (admin token)."""
+        from itertools import islice
+
+        from switchboard.session.v1 import session_service_pb2 as pb
+
+        def read(client: Any) -> list[Any]:
+            entries = client.list_log_events(
+                after=after,
+                before=before,
+                agent=agent,
+                session_id=session_id,
+                event_types=event_types,
+                branch=pb.LogBranch.Value(f"LOG_BRANCH_{branch.upper()}")
+                if branch != "any"
+                else pb.LOG_BRANCH_UNSPECIFIED,
+                page_size=min(limit, 1000),
+            )
+            return list(islice(entries, limit))
+
+        entries = _with_sessions(address, token, read)
+        if as_json:
+            for entry in entries:
+                click.echo(MessageToJson(entry, indent=None))
+            return
+        _table(
+            "log",
+            ["sequence", "agent", "session", "type", "abandoned"],
+            [
+                [e.event.sequence, e.event.agent, e.event.session_id,
+                 e.event.WhichOneof("body"), "yes" if e.abandoned else ""]
+                for e in entries
+            ],
+        )  # fmt: skip
+
     @session.command("rewind")
     @click.argument("target")
     @_session_address

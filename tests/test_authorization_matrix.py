@@ -79,6 +79,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "Rewind": ADMIN_ONLY,
     "Checkout": ADMIN_ONLY,
     "TruncateLog": ADMIN_ONLY,
+    "ListLogEvents": ADMIN_ONLY,
     "ForkSession": FOR_ITS_AGENTS,
     "Delegate": FOR_ITS_AGENTS,
     "SendToPeer": FOR_ITS_AGENTS,
@@ -86,6 +87,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "MarkResumable": FOR_ITS_AGENTS,
     "SuspendSession": FOR_ITS_AGENTS,
     "ListResumable": FOR_ITS_AGENTS,
+    "ExpireResumable": FOR_ITS_AGENTS,
     # DeliveryService: instances are their registrant's, rows their agent's.
     "RegisterInstance": ("U OK OK OK OK", "U OK OK P OK"),  # gateway tokens: own name only
     "Heartbeat": ITS_INSTANCES,
@@ -426,6 +428,7 @@ BUILDERS: dict[str, Builder] = {
     "Rewind": _travel("Rewind"),
     "Checkout": _travel("Checkout"),
     "TruncateLog": _plain("TruncateLog", lambda w, o: pb.TruncateLogRequest(below_sequence=1)),
+    "ListLogEvents": _plain("ListLogEvents", lambda w, o: pb.ListLogEventsRequest(agent=o)),
     "ForkSession": _session_cell("ForkSession"),
     "Delegate": _session_cell("Delegate"),
     "SendToPeer": _session_cell("SendToPeer"),
@@ -433,6 +436,7 @@ BUILDERS: dict[str, Builder] = {
     "MarkResumable": _session_cell("MarkResumable"),
     "SuspendSession": _session_cell("SuspendSession"),
     "ListResumable": _plain("ListResumable", lambda w, o: pb.ListResumableRequest(agent=o)),
+    "ExpireResumable": _plain("ExpireResumable", lambda w, o: pb.ExpireResumableRequest(agent=o)),
     "RegisterInstance": lambda w, o, p: Cell(
         lambda metadata: w.delivery.RegisterInstance(
             dpb.RegisterInstanceRequest(gateway_name=f"gw-{o}", platforms=["web"]),

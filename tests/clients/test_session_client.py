@@ -39,12 +39,16 @@ READS = {
     "GetHistory",
     "GetSessionState",
     "ListCheckpoints",
+    "ListLogEvents",
+    "ListResumable",
 }
-#: Every write carries a request id, so a retry is answered, not run again.
+#: Every write carries a request id, so a retry is answered, not run again (a
+#: deprecated one is ignored: ListResumable no longer writes).
 WRITES = {
     method.name
     for method in pb.DESCRIPTOR.services_by_name["SessionService"].methods
     if "request_id" in method.input_type.fields_by_name
+    and not method.input_type.fields_by_name["request_id"].GetOptions().deprecated
 }
 RETRIED = READS | WRITES
 NOT_RETRIED: set[str] = set()
@@ -260,7 +264,8 @@ def test_resume_marks_and_suspension(session_client: SessionClient) -> None:
 
     resumable = session_client.list_resumable(AGENT)
     assert [s.session_id for s in resumable.sessions] == [interrupted]
-    assert list(resumable.expired) == []
+    assert list(resumable.stale) == []
+    assert session_client.expire_resumable(AGENT) == [], "nothing stale to reset"
 
     assert not session_client.suspend(AGENT, suspended, suspended=False).suspended
     assert not session_client.mark_resumable(AGENT, interrupted, pending=False).resume_pending
@@ -530,3 +535,20 @@ def test_service_config_retries_exactly_the_idempotent_methods() -> None:
             continue
         assert isinstance(timeout, str) and timeout.endswith("s"), method
         assert float(timeout[:-1]) > 0, method
+
+
+def test_history_pages_and_the_log_read(session_client: SessionClient) -> None:
+    session_client.create_agent(AGENT)
+    session_id = web_session(session_client, "paged")
+    for n in range(5):
+        session_client.append_message(AGENT, session_id, pb.ROLE_USER, f"m{n}")
+    backwards = [
+        [m.message.content for m in page.messages]
+        for page in session_client.history_pages(AGENT, session_id, newest=True, limit=2)
+    ]
+    assert backwards == [["m3", "m4"], ["m1", "m2"], ["m0"]]
+    logged = session_client.list_log_events(
+        session_id=session_id, event_types=["message_appended"], page_size=2
+    )
+    assert [e.event.message_appended.message.content for e in logged] == [f"m{n}" for n in range(5)]
+    assert [c.label for c in session_client.list_checkpoints(page_size=1)] == []

@@ -456,6 +456,7 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
         limit=uint32(0, 1, 2, 1000),
         newest=boolean(),
         include_abandoned=boolean(),
+        before_sequence=_sequence(seed),
     )(seed),
     "GetSessionState": _owned_request(pb.GetSessionStateRequest),
     "SnapshotSession": _owned_request(pb.SnapshotSessionRequest),
@@ -510,6 +511,17 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
     ),
     "SuspendSession": _owned_request(pb.SuspendSessionRequest, suspended=boolean()),
     "ListResumable": lambda seed: request(message(pb.ListResumableRequest, agent=AGENT)),
+    "ExpireResumable": lambda seed: request(message(pb.ExpireResumableRequest, agent=AGENT)),
+    "ListLogEvents": lambda seed: request(
+        message(
+            pb.ListLogEventsRequest,
+            after_sequence=_sequence(seed),
+            before_sequence=_sequence(seed),
+            agent=text("", "main", "helper", "ghost"),
+            session_id=text("", seed.session_id, "s_unknown"),
+            page_size=uint32(0, 1, 2, 1000),
+        )
+    ),
 }
 
 #: RPCs that never write, whatever they answer.
@@ -523,6 +535,8 @@ READ_ONLY: Final = frozenset(
         "GetSessionState",
         "WatchEvents",
         "ListCheckpoints",
+        "ListResumable",
+        "ListLogEvents",
     }
 )
 #: Gated RPCs: a refusal is committed as a permission_checked audit event (by design).

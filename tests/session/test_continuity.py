@@ -41,6 +41,11 @@ def _resumable(service: InProcessSession) -> pb.ListResumableResponse:
     return service.stub.ListResumable(pb.ListResumableRequest(agent="main"))
 
 
+def _expire(service: InProcessSession, request_id: str = "") -> list[pb.Session]:
+    request = pb.ExpireResumableRequest(agent="main", request_id=request_id)
+    return list(service.stub.ExpireResumable(request).expired)
+
+
 def test_a_fresh_mark_resumes_the_same_session(service: InProcessSession) -> None:
     _agent(service)  # the default window: 1 hour
     session_id = _interrupted(service)
@@ -57,9 +62,11 @@ def test_a_stale_mark_gives_a_new_session(service: InProcessSession) -> None:
     time.sleep(WAIT_S)
     listed = _resumable(service)
     assert list(listed.sessions) == []
-    assert [(s.session_id, s.end_reason) for s in listed.expired] == [
+    assert [s.session_id for s in listed.stale] == [session_id]
+    assert [(s.session_id, s.end_reason) for s in _expire(service)] == [
         (session_id, "resume_pending_expired")
     ]
+    assert list(_resumable(service).stale) == [], "expired: no longer interrupted"
     fresh = resolve(service.stub, **web())
     assert fresh.session.session_id != session_id and not fresh.session.resume_pending
 
@@ -90,7 +97,8 @@ def test_never_resume_disables_resuming_and_expiry(service: InProcessSession) ->
     session_id = _interrupted(service)
     time.sleep(WAIT_S)
     listed = _resumable(service)
-    assert list(listed.sessions) == [] and list(listed.expired) == []
+    assert list(listed.sessions) == [] and list(listed.stale) == []
+    assert _expire(service) == []
     assert resolve(service.stub, **web()).session.session_id == session_id
 
 
@@ -125,7 +133,7 @@ def test_a_turn_taken_over_is_no_fresher(service: InProcessSession) -> None:
     assert taken_over.resume_holder == "gw-b"
     assert taken_over.resume_marked_time == first.resume_marked_time
     time.sleep(WAIT_S / 2)
-    assert [s.session_id for s in _resumable(service).expired] == [session_id]
+    assert [s.session_id for s in _resumable(service).stale] == [session_id]
 
 
 def test_an_explicit_reset_wins(service: InProcessSession) -> None:
@@ -258,3 +266,50 @@ def test_a_rewind_brings_back_the_holder_of_its_target(service: InProcessSession
     rewound = _get(service.stub, session_id)
     assert (rewound.resume_pending, rewound.resume_holder) == (True, "gw-a")
     assert [s.resume_holder for s in _resumable(service).sessions] == ["gw-a"]
+
+
+def test_listing_resumable_sessions_writes_nothing(service: InProcessSession) -> None:
+    """ListResumable is a read: a stale session it reports stays as it was (its
+    version, its routing key), however often it is listed; ExpireResumable resets it."""
+    _agent(service, resume=_window(1))
+    session_id = _interrupted(service)
+    time.sleep(WAIT_S)
+    before = _get(service.stub, session_id)
+    head = _log_head(service)
+    for _ in range(3):
+        listed = _resumable(service)
+        assert [s.session_id for s in listed.stale] == [session_id]
+        assert list(listed.expired) == [], "the deprecated field stays empty"
+    assert _get(service.stub, session_id) == before, "listing changed the session"
+    assert _log_head(service) == head, "listing logged events"
+
+
+def _log_head(service: InProcessSession) -> int:
+    store: Any = service.unit.store
+    with store.database.connection_context():
+        return int(store.head())
+
+
+def test_expiring_is_a_write_with_a_request_id(service: InProcessSession) -> None:
+    """ExpireResumable resets each stale session once: a retry with the same request id
+    answers the first answer, a fresh call finds nothing more to expire."""
+    _agent(service, resume=_window(1))
+    stale = _interrupted(service)
+    fresh_id = resolve(service.stub, **web("tab-2")).session.session_id
+    time.sleep(WAIT_S)
+    _mark(service.stub, fresh_id)  # marked now: fresh
+    first = _expire(service, request_id="expire-1")
+    assert [s.session_id for s in first] == [stale]
+    assert _expire(service, request_id="expire-1") == first, "a retry answers the same"
+    assert _expire(service) == [], "nothing stale is left"
+    assert [s.session_id for s in _resumable(service).sessions] == [fresh_id]
+    assert _get(service.stub, stale).status == pb.SESSION_STATUS_ENDED
+
+
+def test_expiring_needs_a_live_agent(service: InProcessSession) -> None:
+    with pytest.raises(grpc.RpcError) as failed:
+        service.stub.ExpireResumable(pb.ExpireResumableRequest(agent="nobody"))
+    assert failed.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as failed:
+        service.stub.ExpireResumable(pb.ExpireResumableRequest(agent="Not A Name"))
+    assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -87,8 +87,13 @@ export class BaseClient {
     /** RPC names whose requests carry a request id: the calls that write. */
     this.requestIdMethods = new Set(
       Object.entries(/** @type {Record<string, any>} */ (this.packageDefinition[serviceName]))
-        // proto-loader names fields as the client sees them (camelCase).
-        .filter(([, rpc]) => rpc.requestType.type.field.some((/** @type {any} */ f) => f.name === 'requestId'))
+        // proto-loader names fields as the client sees them (camelCase). A deprecated
+        // request id is ignored by the server: its call no longer writes.
+        .filter(([, rpc]) =>
+          rpc.requestType.type.field.some(
+            (/** @type {any} */ f) => f.name === 'requestId' && !f.options?.deprecated,
+          ),
+        )
         .map(([name]) => name),
     );
     /** @type {grpc.Client & Record<string, Function>} */

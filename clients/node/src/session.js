@@ -180,7 +180,8 @@ export class SessionClient extends BaseClient {
   }
 
   /**
-   * A window of a session's message history.
+   * A window of a session's message history, paged with next_page_token
+   * (backwards, to older messages, with newest).
    * @param {ProtoMessage} [request] GetHistoryRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} GetHistoryResponse
@@ -232,7 +233,7 @@ export class SessionClient extends BaseClient {
   }
 
   /**
-   * Lists checkpoints, oldest first.
+   * Lists checkpoints, oldest first, paginated (page_size, page_token).
    * @param {ProtoMessage} [request] ListCheckpointsRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} ListCheckpointsResponse
@@ -344,13 +345,35 @@ export class SessionClient extends BaseClient {
   }
 
   /**
-   * Interrupted sessions still fresh enough to resume; stale ones are reset
-   * (reason "resume_pending_expired") rather than continued.
+   * Interrupted sessions still fresh enough to resume (`sessions`) and the stale
+   * ones (`stale`, not to be continued). A read: it writes nothing.
    * @param {ProtoMessage} [request] ListResumableRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} ListResumableResponse
    */
   listResumable(request, options) {
     return this._unary('ListResumable', request, options);
+  }
+
+  /**
+   * Resets the agent's stale interrupted sessions (reason
+   * "resume_pending_expired"); answers the sessions it ended.
+   * @param {ProtoMessage} [request] ExpireResumableRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} ExpireResumableResponse
+   */
+  expireResumable(request, options) {
+    return this._unary('ExpireResumable', request, options);
+  }
+
+  /**
+   * A page of the global log for operators (admin only): by sequence range,
+   * agent, session, event type and branch (active, abandoned or both).
+   * @param {ProtoMessage} [request] ListLogEventsRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} ListLogEventsResponse
+   */
+  listLogEvents(request, options) {
+    return this._unary('ListLogEvents', request, options);
   }
 }

@@ -124,6 +124,44 @@ describe('SessionService', () => {
     assert.deepEqual(error.fieldViolations, []);
     assert.match(error.message, /^NOT_FOUND SESSION_NOT_FOUND: /);
   });
+
+  test('resumable sessions are listed without a write; expiry, paging and the log read', async () => {
+    await sessions.createAgent({ agent: { name: 'node-resumer' } });
+    const { session } = await sessions.resolveSession({
+      agent: 'node-resumer',
+      source: { transport: 'web', conversationId: 'tab-r' },
+    });
+    await sessions.markResumable({ agent: 'node-resumer', sessionId: session.sessionId, pending: true });
+    const listed = await sessions.listResumable({ agent: 'node-resumer' });
+    assert.deepEqual(listed.sessions.map((s) => s.sessionId), [session.sessionId]);
+    assert.deepEqual(listed.stale, []);
+    const { expired } = await sessions.expireResumable({ agent: 'node-resumer' });
+    assert.deepEqual(expired, [], 'a fresh mark is not expired');
+
+    for (const text of ['one', 'two', 'three']) {
+      await sessions.appendEvents({
+        agent: 'node-resumer',
+        sessionId: session.sessionId,
+        events: [{ messageAppended: { message: { role: 'ROLE_USER', content: text } } }],
+      });
+    }
+    const older = [];
+    let pageToken = '';
+    do {
+      const page = await sessions.getHistory({
+        agent: 'node-resumer', sessionId: session.sessionId, limit: 2, newest: true, pageToken,
+      });
+      older.push(page.messages.map((m) => m.message.content));
+      pageToken = page.nextPageToken;
+    } while (pageToken);
+    assert.deepEqual(older, [['two', 'three'], ['one']]);
+
+    const log = await sessions.listLogEvents({
+      sessionId: session.sessionId, eventTypes: ['message_appended'], branch: 'LOG_BRANCH_ACTIVE',
+    });
+    assert.deepEqual(log.entries.map((e) => e.event.messageAppended.message.content), ['one', 'two', 'three']);
+    assert.equal(log.nextPageToken, '');
+  });
 });
 
 describe('DeliveryService', () => {
@@ -269,8 +307,10 @@ describe('request ids', () => {
   test('every write, and only the writes, carries one', () => {
     assert.equal(sessions.requestIdMethods.size, 23);
     assert.equal(delivery.requestIdMethods.size, 12);
-    for (const read of ['GetAgent', 'GetHistory', 'WatchEvents']) assert.ok(!sessions.requestIdMethods.has(read));
-    for (const write of ['AppendEvents', 'PostToInbox', 'Delegate', 'SendToPeer', 'ListResumable']) {
+    for (const read of ['GetAgent', 'GetHistory', 'WatchEvents', 'ListResumable', 'ListLogEvents']) {
+      assert.ok(!sessions.requestIdMethods.has(read), read);
+    }
+    for (const write of ['AppendEvents', 'PostToInbox', 'Delegate', 'SendToPeer', 'ExpireResumable']) {
       assert.ok(sessions.requestIdMethods.has(write), write);
     }
     const config = /** @type {any} */ (delivery.serviceConfig());

@@ -235,6 +235,8 @@ class Gateway:
 
     def _resume_pass(self, wanted: Callable[[pb.Session], bool]) -> None:
         with self._resuming:
+            # Stale turns are reset, not continued: their users start afresh.
+            self.sessions.expire_resumable(self.agent)
             resumable = self.sessions.list_resumable(self.agent).sessions
             # A deferred turn no longer listed was finished (or reset): forget it.
             self.deferred &= {session.session_id for session in resumable}

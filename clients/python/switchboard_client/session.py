@@ -32,6 +32,8 @@ READ_METHODS: tuple[str, ...] = (
     "GetHistory",
     "GetSessionState",
     "ListCheckpoints",
+    "ListLogEvents",
+    "ListResumable",
 )
 #: Writes: each carries a request id (one per logical call, the same on every
 #: retry), so the server answers a retry of a committed call from its record
@@ -60,7 +62,7 @@ REQUEST_ID_METHODS: tuple[str, ...] = (
     "CheckPermission",
     "MarkResumable",
     "SuspendSession",
-    "ListResumable",  # it resets the stale sessions it reports
+    "ExpireResumable",
 )
 #: Retried on UNAVAILABLE by the channel: the reads and the writes with request ids.
 RETRYABLE_METHODS: tuple[str, ...] = READ_METHODS + REQUEST_ID_METHODS
@@ -310,10 +312,16 @@ class SessionClient(BaseClient):
         request = pb.SuspendSessionRequest(agent=agent, session_id=session_id, suspended=suspended)
         return self._call(self._stub.SuspendSession, request, request_id=request_id).session
 
-    def list_resumable(self, agent: str, *, request_id: str = "") -> pb.ListResumableResponse:
-        """Interrupted sessions fresh enough to resume; stale ones are reset (`expired`)."""
+    def list_resumable(self, agent: str) -> pb.ListResumableResponse:
+        """Interrupted sessions fresh enough to resume (`sessions`), and the stale ones
+        (`stale`, not to be continued). A read: `expire_resumable` resets the stale."""
         request = pb.ListResumableRequest(agent=agent)
-        return self._call(self._stub.ListResumable, request, request_id=request_id)
+        return self._call(self._stub.ListResumable, request)
+
+    def expire_resumable(self, agent: str, *, request_id: str = "") -> list[pb.Session]:
+        """Resets the agent's stale interrupted sessions; returns them, ended."""
+        request = pb.ExpireResumableRequest(agent=agent)
+        return list(self._call(self._stub.ExpireResumable, request, request_id=request_id).expired)
 
     # -- the conversation -----------------------------------------------------------------
 
@@ -324,13 +332,19 @@ class SessionClient(BaseClient):
         *events: pb.SessionEventInput,
         expected_version: int | None = None,
         request_id: str = "",
+        sequences_only: bool = False,
     ) -> pb.AppendEventsResponse:
         """Appends events atomically (all or none).
 
         With `expected_version`, ABORTED (reason VERSION_MISMATCH, the current version
-        in `metadata["version"]`) when the session moved on meanwhile.
+        in `metadata["version"]`) when the session moved on meanwhile. An append whose
+        echo would not fit one answer is refused unwritten (INVALID_ARGUMENT,
+        ANSWER_TOO_LARGE); with `sequences_only` the answer carries the version and
+        `sequences`, not the events, and such an append goes through.
         """
-        request = pb.AppendEventsRequest(agent=agent, session_id=session_id, events=events)
+        request = pb.AppendEventsRequest(
+            agent=agent, session_id=session_id, events=events, sequences_only=sequences_only
+        )
         if expected_version is not None:
             request.expected_version = expected_version
         return self._call(self._stub.AppendEvents, request, request_id=request_id)
@@ -369,9 +383,37 @@ class SessionClient(BaseClient):
         limit: int = 0,
         newest: bool = False,
         include_abandoned: bool = False,
+        before: int = 0,
     ) -> list[pb.QueuedMessage]:
         """A window of the history, oldest first: the oldest `limit` messages after
-        sequence `after`, or with `newest` the newest `limit` (0: server default)."""
+        sequence `after` (and before `before`, 0: none), or with `newest` the newest
+        `limit` (0: server default). One page: `history_pages` follows the tokens."""
+        return list(
+            self.history_page(
+                agent,
+                session_id,
+                after=after,
+                limit=limit,
+                newest=newest,
+                include_abandoned=include_abandoned,
+                before=before,
+            ).messages
+        )
+
+    def history_page(
+        self,
+        agent: str,
+        session_id: str,
+        *,
+        after: int = 0,
+        limit: int = 0,
+        newest: bool = False,
+        include_abandoned: bool = False,
+        before: int = 0,
+        page_token: str = "",
+    ) -> pb.GetHistoryResponse:
+        """One page of the history with its `next_page_token` (older messages with
+        `newest`, newer ones without)."""
         request = pb.GetHistoryRequest(
             agent=agent,
             session_id=session_id,
@@ -379,8 +421,20 @@ class SessionClient(BaseClient):
             limit=limit,
             newest=newest,
             include_abandoned=include_abandoned,
+            before_sequence=before,
+            page_token=page_token,
         )
-        return list(self._call(self._stub.GetHistory, request).messages)
+        return self._call(self._stub.GetHistory, request)
+
+    def history_pages(
+        self, agent: str, session_id: str, *, newest: bool = False, limit: int = 0
+    ) -> Iterator[pb.GetHistoryResponse]:
+        """Every page of the history, fetched lazily: oldest first, or with `newest`
+        from the newest page backwards (each page's messages still oldest first)."""
+        request = pb.GetHistoryRequest(
+            agent=agent, session_id=session_id, newest=newest, limit=limit
+        )
+        yield from self._pages(self._stub.GetHistory, request)
 
     def state(self, agent: str, session_id: str) -> pb.GetSessionStateResponse:
         """The session's state (summary, inbox, outbox, task, temp state) and its agent."""
@@ -417,10 +471,36 @@ class SessionClient(BaseClient):
         request = pb.CreateCheckpointRequest(label=label)
         return self._call(self._stub.CreateCheckpoint, request, request_id=request_id).checkpoint
 
-    def list_checkpoints(self) -> list[pb.Checkpoint]:
-        """All checkpoints, oldest first."""
-        request = pb.ListCheckpointsRequest()
-        return list(self._call(self._stub.ListCheckpoints, request).checkpoints)
+    def list_checkpoints(self, *, page_size: int = 0) -> list[pb.Checkpoint]:
+        """All checkpoints, oldest first (fetched page by page)."""
+        request = pb.ListCheckpointsRequest(page_size=page_size)
+        pages = self._pages(self._stub.ListCheckpoints, request)
+        return [checkpoint for page in pages for checkpoint in page.checkpoints]
+
+    def list_log_events(
+        self,
+        *,
+        after: int = 0,
+        before: int = 0,
+        agent: str = "",
+        session_id: str = "",
+        event_types: Sequence[str] = (),
+        branch: pb.LogBranch.ValueType = pb.LOG_BRANCH_UNSPECIFIED,
+        page_size: int = 0,
+    ) -> Iterator[pb.LogEntry]:
+        """The global log in sequence order, filtered (admin only), fetching pages
+        lazily as iteration goes."""
+        request = pb.ListLogEventsRequest(
+            after_sequence=after,
+            before_sequence=before,
+            agent=agent,
+            session_id=session_id,
+            event_types=event_types,
+            branch=branch,
+            page_size=page_size,
+        )
+        for page in self._pages(self._stub.ListLogEvents, request):
+            yield from page.entries
 
     def rewind(self, to: int | str, *, request_id: str = "") -> pb.Event:
         """Moves every agent and session back to a sequence (int) or checkpoint (label).
