@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -14,7 +16,13 @@ from grpc_status import rpc_status
 from session_service.sessions import SessionLimits
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
-from tests.harness import EventLoopThread, InProcessSession, session_server
+from tests.harness import (
+    EventLoopThread,
+    InProcessSession,
+    postgres_unreachable_reason,
+    session_server,
+)
+from tests.pg_faults import PrivateDatabase, private_database
 from tests.session.conftest import StartSession, append, create_agent, resolve, user_message, web
 
 WATCHERS = 500
@@ -184,3 +192,86 @@ def test_a_watcher_on_another_replica_hears_of_appends_by_notify(
             break
     stream.cancel()
     assert seen == [answer.events[-1].sequence for answer in sent]
+
+
+def _listening_backends(db: PrivateDatabase) -> set[int]:
+    """The pids of the connections to `db` whose last statement was a LISTEN."""
+    rows = db.sql(
+        "SELECT pid FROM pg_stat_activity WHERE datname = %s AND query LIKE 'LISTEN %%'",
+        (db.name,),
+    )
+    return {int(row[0]) for row in rows}
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    """Whether `condition` came true within `timeout_s` (checked every 50 ms)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _append_through_faults(stub: pb_grpc.SessionServiceStub, session_id: str, text: str) -> int:
+    """An append retried while the database fault still answers UNAVAILABLE (nothing
+    written then); the sequence it was given."""
+    for _ in range(50):
+        try:
+            return append(stub, session_id, user_message(text)).events[-1].sequence
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE:
+                raise
+            time.sleep(0.1)
+    raise AssertionError(f"appending {text!r} stayed UNAVAILABLE")
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_the_listen_connection_recovers_after_a_database_fault(
+    loop_thread: EventLoopThread,
+) -> None:
+    """pg_terminate_backend cuts every connection, B's LISTEN one too: B reconnects it,
+    and its watcher still hears of A's appends by NOTIFY."""
+    down = postgres_unreachable_reason()
+    if down:
+        pytest.skip(down)
+    # Polling once a minute: within the stream's deadline only a notification wakes B.
+    limits = SessionLimits(watch_poll_s=60.0)
+    with (
+        private_database() as db,  # of its own: terminating its connections harms no other test
+        session_server(loop_thread, db.url, limits) as replica_a,
+        session_server(loop_thread, db.url, limits) as replica_b,
+    ):
+        create_agent(replica_a.stub)
+        session = resolve(replica_a.stub, **web()).session
+        stream = replica_b.stub.WatchEvents(
+            pb.WatchEventsRequest(
+                session_id=session.session_id, after_sequence=session.last_sequence
+            ),
+            timeout=30,
+        )
+        before = _append_through_faults(replica_a.stub, session.session_id, "before")
+        assert next(stream).event.sequence == before, "B hears by NOTIFY before the fault"
+        listening = _listening_backends(db)
+        assert len(listening) == 1, "B alone has a watcher, so B alone listens"
+
+        assert db.terminate_backends() > 0
+        # Appends made before B listens again would reach it by the read that follows a
+        # reconnection; after it, only a NOTIFY can. (Without a reconnection the appends
+        # go ahead anyway, so that what fails is the delivery.)
+        back = _wait_until(lambda: bool(_listening_backends(db) - listening), timeout_s=10.0)
+        sent = [
+            _append_through_faults(replica_a.stub, session.session_id, f"m{n}") for n in range(3)
+        ]
+        seen: list[int] = []
+        try:
+            for item in stream:
+                seen.append(item.event.sequence)
+                if len(seen) == len(sent):
+                    break
+        except grpc.RpcError as error:
+            assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error
+            pytest.fail(f"B heard {seen} of A's appends {sent} (LISTEN connection back: {back})")
+        stream.cancel()
+        assert seen == sent
