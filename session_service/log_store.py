@@ -43,6 +43,9 @@ class EventRow(peewee.Model):
     # Tool-call bookkeeping, so a rewind can find the cycles it would cut:
     # "c:<id>\n<id>…" on a message requesting calls, "r:<id>" on a tool result.
     tool_ref = peewee.TextField(null=True)
+    # Part of the current timeline: False once a rewind abandons the row, True again
+    # when a checkout restores it. Written by the move itself (see `mark`).
+    active = peewee.BooleanField()
 
     class Meta:
         table_name = "session_log"
@@ -50,6 +53,9 @@ class EventRow(peewee.Model):
             (("session_id", "seq"), False),
             (("agent", "session_id", "seq"), False),
             (("session_id", "kind", "seq"), False),
+            # States and histories read only active rows, however many are abandoned.
+            (("session_id", "active", "seq"), False),
+            (("agent", "session_id", "active", "seq"), False),
         )
 
 
@@ -95,10 +101,16 @@ class SnapshotRow(peewee.Model):
     entity = peewee.CharField(max_length=200)  # "agent:<name>" or "session:<id>"
     seq = peewee.BigIntegerField()
     state = peewee.BlobField()
+    # Taken at an active sequence; False while a rewind has abandoned that sequence.
+    active = peewee.BooleanField()
 
     class Meta:
         table_name = "session_snapshot"
         primary_key = peewee.CompositeKey("entity", "seq")
+        indexes = (
+            (("entity", "active", "seq"), False),
+            (("seq",), False),  # a move marks snapshots by sequence range
+        )
 
 
 class RewindRow(peewee.Model):
@@ -182,74 +194,83 @@ class LogStore:
             self.Head, self.Event, self.Agent, self.Session, self.Route, self.Snapshot,
             self.Rewind, self.Checkpoint, self.Retention,
         )  # fmt: skip
-        self._timeline = Timeline()
         self._q = self.database.param
         self._select_session, self._upsert_session = self._row_sql(
             "session_session", _SESSION_COLUMNS
         )
         self._select_agent, self._upsert_agent = self._row_sql("session_agent", _AGENT_COLUMNS)
         self._insert_events = self._sql(
-            "INSERT INTO session_log (seq, agent, session_id, kind, payload, tool_ref) "
-            "VALUES (?, ?, ?, ?, ?, ?)"
+            "INSERT INTO session_log (seq, agent, session_id, kind, payload, tool_ref, active) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)"
         )
 
     # -- the timeline -----------------------------------------------------------------------
 
-    def timeline(self) -> Timeline:
-        """The abandoned intervals, reloaded only when another rewind has been logged
-        (by this process or another replica)."""
-        row = self.database.execute_sql("SELECT MAX(seq) FROM session_rewind").fetchone()
-        newest = int(row[0] or 0)
-        if newest != self._timeline.newest_record:
-            records = tuples(self.Rewind.select(self.Rewind.seq, self.Rewind.target))
-            self._timeline = Timeline.from_records((int(s), int(t)) for s, t in records)
-        return self._timeline
+    def rewind_records(self) -> list[tuple[int, int]]:
+        """Every (rewind record, target): what a checkout computes the timeline from
+        (reads filter on the rows' `active` markers instead)."""
+        records = tuples(self.Rewind.select(self.Rewind.seq, self.Rewind.target))
+        return [(int(seq), int(target)) for seq, target in records]
 
-    def _active_sql(self, column: str, timeline: Timeline) -> tuple[str, list[int]]:
-        """SQL that keeps `column` outside every abandoned interval, and its parameters."""
-        clauses = [f" AND ({column} <= ? OR {column} >= ?)" for _ in timeline.abandoned]
-        params = [bound for interval in timeline.abandoned for bound in interval]
-        return self._sql("".join(clauses)), params
+    def timeline(self) -> Timeline:
+        """The abandoned intervals, computed afresh (nothing shared between threads)."""
+        return Timeline.from_records(self.rewind_records())
+
+    def is_active(self, seq: int) -> bool:
+        """Whether `seq` is on the current timeline: one indexed row (no row: 0, or
+        below the retained log, where no abandoned branch crosses)."""
+        row = self.database.execute_sql(
+            self._sql("SELECT active FROM session_log WHERE seq = ?"), [seq]
+        ).fetchone()
+        return row is None or bool(row[0])
+
+    def abandoned_among(self, seqs: Sequence[int]) -> set[int]:
+        """Which of a page's sequences are abandoned: one statement."""
+        if not seqs:
+            return set()
+        marks = ", ".join("?" for _ in seqs)
+        rows = self.database.execute_sql(
+            self._sql(f"SELECT seq FROM session_log WHERE seq IN ({marks}) AND active = ?"),
+            [*seqs, False],
+        ).fetchall()
+        return {int(row[0]) for row in rows}
 
     def _payloads(self, sql: str, params: Sequence[Any]) -> list[pb.Event]:
         return [_event(row[0]) for row in self.database.execute_sql(sql, params).fetchall()]
 
-    def _active(self, timeline: Timeline | None = None) -> peewee.Expression:
-        """Log rows outside every abandoned interval."""
-        condition: peewee.Expression = self.Event.seq > -1
-        for low, high in (timeline or self.timeline()).abandoned:
-            condition &= (self.Event.seq <= low) | (self.Event.seq >= high)
-        return condition
+    def _active(self) -> peewee.Expression:
+        return self.Event.active == True  # noqa: E712 - SQL, not Python
 
-    def _active_snapshot(self, timeline: Timeline) -> peewee.Expression:
-        condition: peewee.Expression = self.Snapshot.seq > -1
-        for low, high in timeline.abandoned:
-            condition &= (self.Snapshot.seq <= low) | (self.Snapshot.seq >= high)
-        return condition
-
-    def add_rewind(self, seq: int, target: int) -> Timeline:
+    def add_rewind(self, seq: int, target: int) -> None:
         self.Rewind.insert(seq=seq, target=target).execute()
-        return self.timeline()
 
-    def rewind_events(self) -> list[pb.Event]:
-        query = self.Event.select(self.Event.payload).where(self.Event.kind == "rewound")
-        return [_event(p) for (p,) in tuples(query.order_by(self.Event.seq))]
+    def move_effect(self, first: int, last: int, active: bool) -> list[tuple[str, str, int]]:
+        """(agent, session id or "", events) for the log rows in [first, last] whose
+        marker is `active` now, rewind records left out; a move's bookkeeping
+        (RewindApplied) is listed with 0 events, so its entity is refreshed too."""
+        rows = self.database.execute_sql(
+            self._sql(
+                "SELECT agent, session_id, "
+                "SUM(CASE WHEN kind = 'rewind_applied' THEN 0 ELSE 1 END) "
+                "FROM session_log WHERE seq >= ? AND seq <= ? AND active = ? "
+                "AND kind <> 'rewound' GROUP BY agent, session_id"
+            ),
+            [first, last, active],
+        ).fetchall()
+        return [
+            (str(agent), str(session_id or ""), int(count)) for agent, session_id, count in rows
+        ]
 
-    def touched_since(self, seq: int) -> tuple[set[str], set[str]]:
-        """(agents, session ids) with any event after `seq`, on any branch."""
-        query = (
-            self.Event.select(self.Event.agent, self.Event.session_id)
-            .where((self.Event.seq > seq) & (self.Event.kind != "rewound"))
-            .distinct()
-        )
-        agents: set[str] = set()
-        sessions: set[str] = set()
-        for agent, session_id in tuples(query):
-            if session_id:
-                sessions.add(session_id)
-            else:
-                agents.add(agent)
-        return agents, sessions
+    def mark(self, first: int, last: int, active: bool) -> None:
+        """Sets the marker of the log rows and snapshots in [first, last]; guarded, so
+        only rows whose status changes are written."""
+        for table in ("session_log", "session_snapshot"):
+            self.database.execute_sql(
+                self._sql(
+                    f"UPDATE {table} SET active = ? WHERE seq >= ? AND seq <= ? AND active = ?"
+                ),
+                [active, first, last, not active],
+            )
 
     def tool_results_after(self, seq: int) -> dict[str, set[str]]:
         """Per session, the tool calls answered by active events after `seq`."""
@@ -274,14 +295,6 @@ class LogStore:
         starts = [int(seq) for seq, ref in tuples(query) if call_ids & set(ref[2:].split("\n"))]
         return min(starts, default=None)
 
-    def has_active_events_after(self, seq: int) -> bool:
-        query = self.Event.select(self.Event.seq).where(
-            (self.Event.seq > seq)
-            & self.Event.kind.not_in(["rewound", "rewind_applied"])  # a rewind's own records
-            & self._active()
-        )
-        return bool(query.limit(1).exists())
-
     def retained_from(self) -> int:
         return int(self.Retention.get_by_id(1).retained_from)
 
@@ -292,14 +305,13 @@ class LogStore:
         after its last such event and no later than `seq`; and no abandoned branch
         may cross `seq` (a checkout onto it would need its deleted start).
         """
-        timeline = self.timeline()
-        if any(low < seq < high for low, high in timeline.abandoned):
+        if not self.is_active(seq):
             return ["an abandoned branch crossing that sequence"]
         last_below = tuples(
             self.Event.select(
                 self.Event.agent, self.Event.session_id, peewee.fn.MAX(self.Event.seq)
             )
-            .where((self.Event.seq < seq) & (self.Event.kind != "rewound") & self._active(timeline))
+            .where((self.Event.seq < seq) & (self.Event.kind != "rewound") & self._active())
             .group_by(self.Event.agent, self.Event.session_id)
         )
         blocking = []
@@ -311,7 +323,7 @@ class LogStore:
                     (self.Snapshot.entity == entity)
                     & (self.Snapshot.seq >= last)
                     & (self.Snapshot.seq <= seq)
-                    & self._active_snapshot(timeline)
+                    & (self.Snapshot.active == True)  # noqa: E712 - SQL, not Python
                 )
                 .exists()
             )
@@ -406,6 +418,7 @@ class LogStore:
                     event.WhichOneof("body"),
                     event.SerializeToString(),
                     _tool_ref(event),
+                    True,  # above every rewind record, so inside no abandoned interval
                 )
             )
         for row in rows:
@@ -457,57 +470,49 @@ class LogStore:
         entity: str,
         after_seq: int,
         until: int | None = None,
-        timeline: Timeline | None = None,
     ) -> list[pb.Event]:
         _, where, key = _entity_filter(entity)
-        active, active_params = self._active_sql(
-            "seq", self.timeline() if timeline is None else timeline
-        )
         bound = "" if until is None else " AND seq <= ?"
-        sql = (
-            self._sql(f"SELECT payload FROM session_log WHERE {where} AND seq > ?{bound}")
-            + active
-            + " ORDER BY seq"
+        sql = self._sql(
+            f"SELECT payload FROM session_log WHERE {where} AND active = ? AND seq > ?{bound} "
+            "ORDER BY seq"
         )
-        params = [key, after_seq, *([] if until is None else [until]), *active_params]
-        return self._payloads(sql, params)
+        return self._payloads(sql, [key, True, after_seq, *([] if until is None else [until])])
 
     def history(
         self, session_id: str, after_seq: int, limit: int, newest: bool, include_abandoned: bool
     ) -> list[pb.Event]:
-        active, params = ("", []) if include_abandoned else self._active_sql("seq", self.timeline())
-        sql = (
-            self._sql(
-                "SELECT payload FROM session_log "
-                "WHERE session_id = ? AND kind = 'message_appended' AND seq > ?"
-            )
-            + active
-            + f" ORDER BY seq {'DESC' if newest else 'ASC'} LIMIT {int(limit)}"
+        active, params = ("", []) if include_abandoned else (" AND active = ?", [True])
+        sql = self._sql(
+            "SELECT payload FROM session_log "
+            f"WHERE session_id = ?{active} AND kind = 'message_appended' AND seq > ?"
+            f" ORDER BY seq {'DESC' if newest else 'ASC'} LIMIT {int(limit)}"
         )
-        events = self._payloads(sql, [session_id, after_seq, *params])
+        events = self._payloads(sql, [session_id, *params, after_seq])
         return events[::-1] if newest else events
 
     # -- snapshots --------------------------------------------------------------------------
 
-    def latest_snapshot(
-        self, entity: str, until: int | None = None, timeline: Timeline | None = None
-    ) -> tuple[int, bytes] | None:
+    def latest_snapshot(self, entity: str, until: int | None = None) -> tuple[int, bytes] | None:
         """The newest snapshot whose sequence is active: one taken at a sequence a
         rewind later abandoned describes a state that no longer exists."""
-        active, params = self._active_sql("seq", self.timeline() if timeline is None else timeline)
         bound = "" if until is None else " AND seq <= ?"
-        sql = (
-            self._sql(f"SELECT seq, state FROM session_snapshot WHERE entity = ?{bound}")
-            + active
-            + " ORDER BY seq DESC LIMIT 1"
+        sql = self._sql(
+            f"SELECT seq, state FROM session_snapshot WHERE entity = ? AND active = ?{bound} "
+            "ORDER BY seq DESC LIMIT 1"
         )
         row = self.database.execute_sql(
-            sql, [entity, *([] if until is None else [until]), *params]
+            sql, [entity, True, *([] if until is None else [until])]
         ).fetchone()
         return None if row is None else (int(row[0]), bytes(row[1]))
 
     def save_snapshot(self, entity: str, seq: int, state: bytes) -> None:
-        self.Snapshot.insert(entity=entity, seq=seq, state=state).on_conflict_ignore().execute()
+        """`seq` is the last event folded into `state`, and states fold only active
+        events; snapshots are written under the log's write lock, which every move
+        takes too, so the sequence is still active here."""
+        self.Snapshot.insert(
+            entity=entity, seq=seq, state=state, active=True
+        ).on_conflict_ignore().execute()
 
     def delete_snapshots(self) -> int:
         return int(self.Snapshot.delete().execute())
@@ -530,13 +535,12 @@ class LogStore:
         until: int | None = None,
     ) -> S | None:
         """Latest snapshot + the entity's later events (up to `until`); None for an
-        entity with neither. Three statements: the timeline's head, the snapshot, the tail."""
-        timeline = self.timeline()
-        snapshot = self.latest_snapshot(entity, until, timeline)
+        entity with neither. Two statements: the snapshot, the tail."""
+        snapshot = self.latest_snapshot(entity, until)
         after, state = (
             (0, None) if snapshot is None else (snapshot[0], kind.FromString(snapshot[1]))
         )
-        tail = self.entity_events(entity, after, until, timeline)
+        tail = self.entity_events(entity, after, until)
         if state is None:
             if not tail:
                 return None

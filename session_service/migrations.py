@@ -149,7 +149,39 @@ def request_records(schema: Schema) -> None:
     schema.create_tables(SessionRequestRecordV2)
 
 
-MIGRATIONS = (baseline, request_records)
+def _abandoned_v3(records: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Frozen copy of `session_service.timeline.Timeline.from_records` as of migration
+    3: the open intervals (target, record) that count, latest record first."""
+    kept: list[tuple[int, int]] = []
+    for seq, target in sorted(records, reverse=True):
+        if kept and seq > min(low for low, _ in kept):
+            continue  # inside a later record's interval: it counts for nothing
+        kept.append((target, seq))
+    return kept
+
+
+def active_markers(schema: Schema) -> None:
+    """Log rows and snapshots say whether they are active, backfilled from the rewinds."""
+    schema.run(
+        schema.migrator.add_column("session_log", "active", peewee.BooleanField(default=True)),
+        schema.migrator.add_column("session_snapshot", "active", peewee.BooleanField(default=True)),
+    )
+    records = schema.execute("SELECT seq, target FROM session_rewind").fetchall()
+    for low, high in _abandoned_v3([(int(seq), int(target)) for seq, target in records]):
+        for table in ("session_log", "session_snapshot"):
+            schema.execute(
+                f"UPDATE {table} SET active = ? WHERE seq > ? AND seq < ? AND active = ?",
+                (False, low, high, True),
+            )
+    schema.run(
+        schema.migrator.add_index("session_log", ("session_id", "active", "seq"), False),
+        schema.migrator.add_index("session_log", ("agent", "session_id", "active", "seq"), False),
+        schema.migrator.add_index("session_snapshot", ("entity", "active", "seq"), False),
+        schema.migrator.add_index("session_snapshot", ("seq",), False),
+    )
+
+
+MIGRATIONS = (baseline, request_records, active_markers)
 
 SESSION_SCHEMA = Component(
     name="session",

@@ -69,7 +69,9 @@ def _pre_versioning_schema(backend: Backend) -> None:
     database: Any = backend.database
     store = LogStore(backend)
     with database.connection_context():
-        database.create_tables(store.models, safe=True)
+        # The session tables as that release had them: the frozen baseline models.
+        with database.bind_ctx(SESSION_BASELINE):
+            database.create_tables(SESSION_BASELINE, safe=True)
         store.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
         store.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
         # The ledger's tables as that release had them: the frozen baseline models.
@@ -94,6 +96,7 @@ def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) 
                 )
             )
         _drop_row_scope(database)
+        _drop_active_markers(database)
 
 
 #: What delivery migration 4 (row_scope) added: (table, column) and indexes.
@@ -115,6 +118,24 @@ def _drop_row_scope(database: Any) -> None:
         migrate(migrator.drop_index("ledger_obligation", index))
     for table, column in ROW_SCOPE_COLUMNS:
         migrate(migrator.drop_column(table, column))
+
+
+#: What session migration 3 (active_markers) added: indexes, then (table, column).
+ACTIVE_MARKER_INDEXES = (
+    ("session_log", "session_log_session_id_active_seq"),
+    ("session_log", "session_log_agent_session_id_active_seq"),
+    ("session_snapshot", "session_snapshot_entity_active_seq"),
+    ("session_snapshot", "session_snapshot_seq"),
+)
+
+
+def _drop_active_markers(database: Any) -> None:
+    """A session log as it was before rows said whether they are active."""
+    migrator = SchemaMigrator.from_database(database)
+    for table, index in ACTIVE_MARKER_INDEXES:
+        migrate(migrator.drop_index(table, index))
+    for table in ("session_log", "session_snapshot"):
+        migrate(migrator.drop_column(table, "active"))
 
 
 def _columns(backend: Backend) -> dict[str, list[str]]:
