@@ -10,6 +10,7 @@ transaction back.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -127,41 +128,45 @@ class TimeTravel:
             raise InvalidArgument("target", "give a sequence or a checkpoint label")
         if checkpoint:
             _checked_label("checkpoint", checkpoint)
-
-        def plan() -> tuple[int, Changes]:
-            target = sequence
-            if target is None:
-                found = self.store.checkpoint(checkpoint)
-                if found is None:
-                    raise NotFound(
-                        "CHECKPOINT_NOT_FOUND", f"checkpoint {checkpoint!r} does not exist"
-                    )
-                target = found[1]
-            self._check_reachable(target)
-            target = self._outside_tool_cycles(target)
-            if not self.store.is_active(target):
-                raise FailedPrecondition(
-                    "REWIND_INTO_ABANDONED",
-                    f"sequence {target} lies on an abandoned branch; Checkout can go there",
-                )
-            # The target is active, so no active record after it reaches below it: the
-            # log up to the target stays as it is, and only what follows is abandoned.
-            return target, Changes(abandoned=((target + 1, self.store.head()),))
-
+        plan = functools.partial(self._rewind_plan, sequence, checkpoint)
         return await self._run(plan, checkout=False, checkpoint=checkpoint, preview=preview)
 
     async def checkout(self, sequence: int, preview: bool = False) -> Move:
-        def plan() -> tuple[int, Changes]:
-            self._check_reachable(sequence)
-            # Onto an abandoned branch, earlier rewinds may count for nothing any more:
-            # the whole timeline before and after (arithmetic in memory), then only
-            # the ranges whose status differs are read and written.
-            records = self.store.rewind_records()
-            before = Timeline.from_records(records)
-            after = Timeline.from_records([*records, (self.store.head() + 1, sequence)])
-            return sequence, changes(before, after)
-
+        plan = functools.partial(self._checkout_plan, sequence)
         return await self._run(plan, checkout=True, checkpoint="", preview=preview)
+
+    def rewind_within(self, now: float, sequence: int) -> Move:
+        """A rewind inside the caller's write transaction (for building long logs)."""
+        plan = functools.partial(self._rewind_plan, sequence, "")
+        return self._moved(now, plan, checkout=False, checkpoint="")
+
+    def _rewind_plan(self, sequence: int | None, checkpoint: str) -> tuple[int, Changes]:
+        target = sequence
+        if target is None:
+            found = self.store.checkpoint(checkpoint)
+            if found is None:
+                raise NotFound("CHECKPOINT_NOT_FOUND", f"checkpoint {checkpoint!r} does not exist")
+            target = found[1]
+        self._check_reachable(target)
+        target = self._outside_tool_cycles(target)
+        if not self.store.is_active(target):
+            raise FailedPrecondition(
+                "REWIND_INTO_ABANDONED",
+                f"sequence {target} lies on an abandoned branch; Checkout can go there",
+            )
+        # The target is active, so no active record after it reaches below it: the
+        # log up to the target stays as it is, and only what follows is abandoned.
+        return target, Changes(abandoned=((target + 1, self.store.head()),))
+
+    def _checkout_plan(self, sequence: int) -> tuple[int, Changes]:
+        self._check_reachable(sequence)
+        # Onto an abandoned branch, earlier rewinds may count for nothing any more:
+        # the whole timeline before and after (arithmetic in memory), then only the
+        # ranges whose status differs are read and written.
+        records = self.store.rewind_records()
+        before = Timeline.from_records(records)
+        after = Timeline.from_records([*records, (self.store.head() + 1, sequence)])
+        return sequence, changes(before, after)
 
     async def _run(
         self,
@@ -175,19 +180,28 @@ class TimeTravel:
             target, planned = plan()
             return _answer(target, self._effects(planned), record=None)
 
-        def op(now: float) -> Move:
-            target, planned = plan()
-            effects = self._effects(planned)
-            if not any(effect.counted for effect in effects):
-                return _answer(target, effects, record=None)
-            record = self._move(now, target, planned, effects, checkout, checkpoint)
-            return _answer(target, effects, record=record)
-
         if preview:
             previewed: Move = await self.sessions.runner.read(look)
             return previewed
-        moved: Move = await self.sessions.write(op)
+        moved: Move = await self.sessions.write(
+            functools.partial(self._moved, plan=plan, checkout=checkout, checkpoint=checkpoint)
+        )
         return moved
+
+    def _moved(
+        self,
+        now: float,
+        plan: Callable[[], tuple[int, Changes]],
+        *,
+        checkout: bool,
+        checkpoint: str,
+    ) -> Move:
+        target, planned = plan()
+        effects = self._effects(planned)
+        if not any(effect.counted for effect in effects):
+            return _answer(target, effects, record=None)
+        record = self._move(now, target, planned, effects, checkout, checkpoint)
+        return _answer(target, effects, record=record)
 
     def _check_reachable(self, target: int) -> None:
         head = self.store.head()
@@ -306,6 +320,11 @@ class TimeTravel:
                 self.store.delete_session_index(session_id)  # created after the cut
                 continue
             session = state.session
+            # The state is at hand, and the index says it is snapshotted: without the
+            # snapshot, reads after many rewinds would replay the whole active log.
+            self.store.save_snapshot(
+                session_entity(session_id), session.last_sequence, state.SerializeToString()
+            )
             self.store.put_session_index(
                 SessionIndex(
                     session_id=session_id,
@@ -327,6 +346,7 @@ class TimeTravel:
         if agent is None:
             self.store.delete_agent_index(name)  # created after the cut
             return
+        self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent.SerializeToString())
         self.store.put_agent_index(
             AgentIndex(
                 name=name,
