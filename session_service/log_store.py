@@ -56,6 +56,7 @@ class EventRow(peewee.Model):
             # States and histories read only active rows, however many are abandoned.
             (("session_id", "active", "seq"), False),
             (("agent", "session_id", "active", "seq"), False),
+            (("session_id", "kind", "active", "seq"), False),  # a history page
         )
 
 

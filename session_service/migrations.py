@@ -176,6 +176,7 @@ def active_markers(schema: Schema) -> None:
     schema.run(
         schema.migrator.add_index("session_log", ("session_id", "active", "seq"), False),
         schema.migrator.add_index("session_log", ("agent", "session_id", "active", "seq"), False),
+        schema.migrator.add_index("session_log", ("session_id", "kind", "active", "seq"), False),
         schema.migrator.add_index("session_snapshot", ("entity", "active", "seq"), False),
         schema.migrator.add_index("session_snapshot", ("seq",), False),
     )

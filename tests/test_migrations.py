@@ -124,6 +124,7 @@ def _drop_row_scope(database: Any) -> None:
 ACTIVE_MARKER_INDEXES = (
     ("session_log", "session_log_session_id_active_seq"),
     ("session_log", "session_log_agent_session_id_active_seq"),
+    ("session_log", "session_log_session_id_kind_active_seq"),
     ("session_snapshot", "session_snapshot_entity_active_seq"),
     ("session_snapshot", "session_snapshot_seq"),
 )
