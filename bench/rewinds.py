@@ -11,7 +11,8 @@ and the rest as plain appends, so the logs differ only in their past rewinds
 (and the abandoned rows and RewindApplied records those leave). Then a real
 `switchboard serve session` process serves it and GetSessionState and
 GetHistory (newest 100) are timed, one client, CALLS calls each after a
-warm-up; p50 and p99 are printed with the ratio to the no-rewind log of the
+warm-up, ROUNDS turns round robin over all the logs of a backend (served at
+once); p50 and p99 are printed with the ratio to the no-rewind log of the
 same run. Results: bench/results/rewinds.json.
 """
 
@@ -24,7 +25,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,9 @@ MESSAGES = 10_000
 REWIND_COUNTS = (0, 100, 1_000, 10_000)
 QUICK_COUNTS = (0, 100, 1_000)
 ROUNDS_PER_COMMIT = 250
-CALLS = 300
+CALLS = 200
+#: Round-robin turns over the served logs.
+ROUNDS = 3
 WARM_UP = 30
 PAGE = 100
 RESULTS = Path(__file__).resolve().parent / "results" / "rewinds.json"
@@ -142,7 +145,8 @@ def _summary(samples: list[float]) -> dict[str, float]:
     }
 
 
-def read_latency(address: str, session_id: str) -> dict[str, dict[str, float]]:
+def read_samples(address: str, session_id: str) -> dict[str, list[float]]:
+    """Checks the reads' answers, then times CALLS of each (milliseconds)."""
     with grpc.insecure_channel(address) as channel:
         stub = pb_grpc.SessionServiceStub(channel)
         state_request = pb.GetSessionStateRequest(agent="bench", session_id=session_id)
@@ -156,8 +160,8 @@ def read_latency(address: str, session_id: str) -> dict[str, dict[str, float]]:
             f"k{i}" for i in range(MESSAGES - PAGE, MESSAGES)
         ]
         return {
-            "GetSessionState": _summary(_timed(lambda: stub.GetSessionState(state_request))),
-            "GetHistory": _summary(_timed(lambda: stub.GetHistory(history_request))),
+            "GetSessionState": _timed(lambda: stub.GetSessionState(state_request)),
+            "GetHistory": _timed(lambda: stub.GetHistory(history_request)),
         }
 
 
@@ -173,14 +177,29 @@ def _database(backend: str, base: Path, rewinds: int) -> Iterator[str]:
 def measure(
     backends: list[str], counts: tuple[int, ...], say: Callable[[str], None]
 ) -> list[dict[str, Any]]:
+    """Per backend, every log is seeded and served at once, then measured in turns
+    (ROUNDS times round robin), so a drift in the machine's speed hits all alike."""
     rows: list[dict[str, Any]] = []
     for backend in backends:
-        for rewinds in counts:
-            say(f"{backend}: {rewinds} past rewinds")
-            with temp_dir("bench-rewinds-") as base, _database(backend, base, rewinds) as url:
+        with ExitStack() as stack:
+            served = []
+            for rewinds in counts:
+                say(f"{backend}: {rewinds} past rewinds")
+                base = stack.enter_context(temp_dir("bench-rewinds-"))
+                url = stack.enter_context(_database(backend, base, rewinds))
                 session_id = seed(url, rewinds, say)
-                with running_server(url, base, service="session") as server:
-                    latency = read_latency(server.address, session_id)
+                server = stack.enter_context(running_server(url, base, service="session"))
+                served.append((rewinds, server.address, session_id))
+            samples: dict[int, dict[str, list[float]]] = {
+                rewinds: {"GetSessionState": [], "GetHistory": []} for rewinds in counts
+            }
+            for turn in range(ROUNDS):
+                say(f"{backend}: measuring, turn {turn + 1} of {ROUNDS}")
+                for rewinds, address, session_id in served:
+                    for rpc, taken in read_samples(address, session_id).items():
+                        samples[rewinds][rpc] += taken
+        for rewinds in counts:
+            latency = {rpc: _summary(taken) for rpc, taken in samples[rewinds].items()}
             rows.append({"backend": backend, "rewinds": rewinds, **latency})
     return rows
 
