@@ -86,12 +86,12 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
                 event.message_appended.message.role = pb.ROLE_USER
                 event.message_appended.message.content = f"message {seq} " + "x" * 80
                 rows.append(
-                    (seq, "bench", session_id, "message_appended", event.SerializeToString())
+                    (seq, "bench", session_id, "message_appended", event.SerializeToString(), True)
                 )
             store.database.cursor().executemany(
                 store._sql(
-                    "INSERT INTO session_log (seq, agent, session_id, kind, payload) "
-                    "VALUES (?, ?, ?, ?, ?)"
+                    "INSERT INTO session_log (seq, agent, session_id, kind, payload, active) "
+                    "VALUES (?, ?, ?, ?, ?, ?)"
                 ),
                 rows,
             )

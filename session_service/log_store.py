@@ -44,6 +44,9 @@ class EventRow(peewee.Model):
     # Tool-call bookkeeping, so a rewind can find the cycles it would cut:
     # "c:<id>\n<id>…" on a message requesting calls, "r:<id>" on a tool result.
     tool_ref = peewee.TextField(null=True)
+    # Part of the current timeline: False once a rewind abandons the row, True again
+    # when a checkout restores it. Written by the move itself (see `mark`).
+    active = peewee.BooleanField()
 
     class Meta:
         table_name = "session_log"
@@ -51,6 +54,10 @@ class EventRow(peewee.Model):
             (("session_id", "seq"), False),
             (("agent", "session_id", "seq"), False),
             (("session_id", "kind", "seq"), False),
+            # States and histories read only active rows, however many are abandoned.
+            (("session_id", "active", "seq"), False),
+            (("agent", "session_id", "active", "seq"), False),
+            (("session_id", "kind", "active", "seq"), False),  # a history page
         )
 
 
@@ -98,10 +105,16 @@ class SnapshotRow(peewee.Model):
     entity = peewee.CharField(max_length=200)  # "agent:<name>" or "session:<id>"
     seq = peewee.BigIntegerField()
     state = peewee.BlobField()
+    # Taken at an active sequence; False while a rewind has abandoned that sequence.
+    active = peewee.BooleanField()
 
     class Meta:
         table_name = "session_snapshot"
         primary_key = peewee.CompositeKey("entity", "seq")
+        indexes = (
+            (("entity", "active", "seq"), False),
+            (("seq",), False),  # a move marks snapshots by sequence range
+        )
 
 
 class RewindRow(peewee.Model):
@@ -221,7 +234,6 @@ class LogStore:
             self.Head, self.Event, self.Agent, self.Session, self.Route, self.Snapshot,
             self.Rewind, self.Checkpoint, self.Retention,
         )  # fmt: skip
-        self._timeline = Timeline()
         self._q = self.database.param
         self._select_session, self._upsert_session = self._row_sql(
             "session_session", _SESSION_COLUMNS
@@ -233,67 +245,77 @@ class LogStore:
             "WHERE r.agent = ? AND r.routing_key = ?"
         )
         self._insert_events = self._sql(
-            "INSERT INTO session_log (seq, agent, session_id, kind, payload, tool_ref) "
-            "VALUES (?, ?, ?, ?, ?, ?)"
+            "INSERT INTO session_log (seq, agent, session_id, kind, payload, tool_ref, active) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)"
         )
 
     # -- the timeline -----------------------------------------------------------------------
 
-    def timeline(self) -> Timeline:
-        """The abandoned intervals, reloaded only when another rewind has been logged
-        (by this process or another replica)."""
-        row = self.database.execute_sql("SELECT MAX(seq) FROM session_rewind").fetchone()
-        newest = int(row[0] or 0)
-        if newest != self._timeline.newest_record:
-            records = tuples(self.Rewind.select(self.Rewind.seq, self.Rewind.target))
-            self._timeline = Timeline.from_records((int(s), int(t)) for s, t in records)
-        return self._timeline
+    def rewind_records(self) -> list[tuple[int, int]]:
+        """Every (rewind record, target): what a checkout computes the timeline from
+        (reads filter on the rows' `active` markers instead)."""
+        records = tuples(self.Rewind.select(self.Rewind.seq, self.Rewind.target))
+        return [(int(seq), int(target)) for seq, target in records]
 
-    def _active_sql(self, column: str, timeline: Timeline) -> tuple[str, list[int]]:
-        """SQL that keeps `column` outside every abandoned interval, and its parameters."""
-        clauses = [f" AND ({column} <= ? OR {column} >= ?)" for _ in timeline.abandoned]
-        params = [bound for interval in timeline.abandoned for bound in interval]
-        return self._sql("".join(clauses)), params
+    def timeline(self) -> Timeline:
+        """The abandoned intervals, computed afresh (nothing shared between threads)."""
+        return Timeline.from_records(self.rewind_records())
+
+    def is_active(self, seq: int) -> bool:
+        """Whether `seq` is on the current timeline: one indexed row (no row: 0, or
+        below the retained log, where no abandoned branch crosses)."""
+        row = self.database.execute_sql(
+            self._sql("SELECT active FROM session_log WHERE seq = ?"), [seq]
+        ).fetchone()
+        return row is None or bool(row[0])
+
+    def abandoned_among(self, seqs: Sequence[int]) -> set[int]:
+        """Which of a page's sequences are abandoned: one statement."""
+        if not seqs:
+            return set()
+        marks = ", ".join("?" for _ in seqs)
+        rows = self.database.execute_sql(
+            self._sql(f"SELECT seq FROM session_log WHERE seq IN ({marks}) AND active = ?"),
+            [*seqs, False],
+        ).fetchall()
+        return {int(row[0]) for row in rows}
 
     def _payloads(self, sql: str, params: Sequence[Any]) -> list[pb.Event]:
         return [_event(row[0]) for row in self.database.execute_sql(sql, params).fetchall()]
 
-    def _active(self, timeline: Timeline | None = None) -> peewee.Expression:
-        """Log rows outside every abandoned interval."""
-        condition: peewee.Expression = self.Event.seq > -1
-        for low, high in (timeline or self.timeline()).abandoned:
-            condition &= (self.Event.seq <= low) | (self.Event.seq >= high)
-        return condition
+    def _active(self) -> peewee.Expression:
+        return self.Event.active == True  # noqa: E712 - SQL, not Python
 
-    def _active_snapshot(self, timeline: Timeline) -> peewee.Expression:
-        condition: peewee.Expression = self.Snapshot.seq > -1
-        for low, high in timeline.abandoned:
-            condition &= (self.Snapshot.seq <= low) | (self.Snapshot.seq >= high)
-        return condition
-
-    def add_rewind(self, seq: int, target: int) -> Timeline:
+    def add_rewind(self, seq: int, target: int) -> None:
         self.Rewind.insert(seq=seq, target=target).execute()
-        return self.timeline()
 
-    def rewind_events(self) -> list[pb.Event]:
-        query = self.Event.select(self.Event.payload).where(self.Event.kind == "rewound")
-        return [_event(p) for (p,) in tuples(query.order_by(self.Event.seq))]
+    def move_effect(self, first: int, last: int, active: bool) -> list[tuple[str, str, int]]:
+        """(agent, session id or "", events) for the log rows in [first, last] whose
+        marker is `active` now, rewind records left out; a move's bookkeeping
+        (RewindApplied) is listed with 0 events, so its entity is refreshed too."""
+        rows = self.database.execute_sql(
+            self._sql(
+                "SELECT agent, session_id, "
+                "SUM(CASE WHEN kind = 'rewind_applied' THEN 0 ELSE 1 END) "
+                "FROM session_log WHERE seq >= ? AND seq <= ? AND active = ? "
+                "AND kind <> 'rewound' GROUP BY agent, session_id"
+            ),
+            [first, last, active],
+        ).fetchall()
+        return [
+            (str(agent), str(session_id or ""), int(count)) for agent, session_id, count in rows
+        ]
 
-    def touched_since(self, seq: int) -> tuple[set[str], set[str]]:
-        """(agents, session ids) with any event after `seq`, on any branch."""
-        query = (
-            self.Event.select(self.Event.agent, self.Event.session_id)
-            .where((self.Event.seq > seq) & (self.Event.kind != "rewound"))
-            .distinct()
-        )
-        agents: set[str] = set()
-        sessions: set[str] = set()
-        for agent, session_id in tuples(query):
-            if session_id:
-                sessions.add(session_id)
-            else:
-                agents.add(agent)
-        return agents, sessions
+    def mark(self, first: int, last: int, active: bool) -> None:
+        """Sets the marker of the log rows and snapshots in [first, last]; guarded, so
+        only rows whose status changes are written."""
+        for table in ("session_log", "session_snapshot"):
+            self.database.execute_sql(
+                self._sql(
+                    f"UPDATE {table} SET active = ? WHERE seq >= ? AND seq <= ? AND active = ?"
+                ),
+                [active, first, last, not active],
+            )
 
     def tool_results_after(self, seq: int) -> dict[str, set[str]]:
         """Per session, the tool calls answered by active events after `seq`."""
@@ -318,14 +340,6 @@ class LogStore:
         starts = [int(seq) for seq, ref in tuples(query) if call_ids & set(ref[2:].split("\n"))]
         return min(starts, default=None)
 
-    def has_active_events_after(self, seq: int) -> bool:
-        query = self.Event.select(self.Event.seq).where(
-            (self.Event.seq > seq)
-            & self.Event.kind.not_in(["rewound", "rewind_applied"])  # a rewind's own records
-            & self._active()
-        )
-        return bool(query.limit(1).exists())
-
     def retained_from(self) -> int:
         return int(self.Retention.get_by_id(1).retained_from)
 
@@ -336,14 +350,13 @@ class LogStore:
         after its last such event and no later than `seq`; and no abandoned branch
         may cross `seq` (a checkout onto it would need its deleted start).
         """
-        timeline = self.timeline()
-        if any(low < seq < high for low, high in timeline.abandoned):
+        if not self.is_active(seq):
             return ["an abandoned branch crossing that sequence"]
         last_below = tuples(
             self.Event.select(
                 self.Event.agent, self.Event.session_id, peewee.fn.MAX(self.Event.seq)
             )
-            .where((self.Event.seq < seq) & (self.Event.kind != "rewound") & self._active(timeline))
+            .where((self.Event.seq < seq) & (self.Event.kind != "rewound") & self._active())
             .group_by(self.Event.agent, self.Event.session_id)
         )
         blocking = []
@@ -355,7 +368,7 @@ class LogStore:
                     (self.Snapshot.entity == entity)
                     & (self.Snapshot.seq >= last)
                     & (self.Snapshot.seq <= seq)
-                    & self._active_snapshot(timeline)
+                    & (self.Snapshot.active == True)  # noqa: E712 - SQL, not Python
                 )
                 .exists()
             )
@@ -450,6 +463,7 @@ class LogStore:
                     event.WhichOneof("body"),
                     event.SerializeToString(),
                     _tool_ref(event),
+                    True,  # above every rewind record, so inside no abandoned interval
                 )
             )
         for row in rows:
@@ -533,20 +547,14 @@ class LogStore:
         entity: str,
         after_seq: int,
         until: int | None = None,
-        timeline: Timeline | None = None,
     ) -> list[pb.Event]:
         _, where, key = _entity_filter(entity)
-        active, active_params = self._active_sql(
-            "seq", self.timeline() if timeline is None else timeline
-        )
         bound = "" if until is None else " AND seq <= ?"
-        sql = (
-            self._sql(f"SELECT payload FROM session_log WHERE {where} AND seq > ?{bound}")
-            + active
-            + " ORDER BY seq"
+        sql = self._sql(
+            f"SELECT payload FROM session_log WHERE {where} AND active = ? AND seq > ?{bound} "
+            "ORDER BY seq"
         )
-        params = [key, after_seq, *([] if until is None else [until]), *active_params]
-        return self._payloads(sql, params)
+        return self._payloads(sql, [key, True, after_seq, *([] if until is None else [until])])
 
     def history(
         self,
@@ -560,7 +568,7 @@ class LogStore:
     ) -> tuple[list[pb.Event], bool]:
         """The oldest (or `newest`) history messages in (after, before), at most `limit`
         and `budget` bytes, oldest first; and whether more lie beyond them."""
-        active, params = ("", []) if include_abandoned else self._active_sql("seq", self.timeline())
+        active, params = ("", []) if include_abandoned else (" AND active = ?", [True])
         where = "session_id = ? AND kind = 'message_appended' AND seq > ?"
         bound = [] if before_seq is None else [before_seq]
         where += "" if before_seq is None else " AND seq < ?"
@@ -581,7 +589,6 @@ class LogStore:
     ) -> tuple[list[tuple[pb.Event, bool]], bool]:
         """A page of the global log in sequence order, each event with whether it is
         abandoned (`branch`: a pb.LogBranch); and whether more match after it."""
-        timeline = self.timeline()
         where, params = "seq > ?", [after_seq]
         for column, value in (("agent", agent), ("session_id", session_id)):
             if value:
@@ -593,22 +600,12 @@ class LogStore:
         if kinds:
             where += f" AND kind IN ({', '.join('?' for _ in kinds)})"
             params.extend(kinds)
-        branch_sql, branch_params = self._branch_sql(branch, timeline)
-        events, more = self._sized_page(
-            where + branch_sql, [*params, *branch_params], False, limit, budget
-        )
-        return [(event, not timeline.is_active(event.sequence)) for event in events], more
-
-    def _branch_sql(self, branch: int, timeline: Timeline) -> tuple[str, list[int]]:
-        """SQL keeping the active events, the abandoned ones, or (unspecified) both."""
-        if branch == pb.LOG_BRANCH_ACTIVE:
-            return self._active_sql("seq", timeline)
-        if branch == pb.LOG_BRANCH_ABANDONED:
-            if not timeline.abandoned:
-                return " AND 1 = 0", []
-            inside = " OR ".join("(seq > ? AND seq < ?)" for _ in timeline.abandoned)
-            return self._sql(f" AND ({inside})"), [b for pair in timeline.abandoned for b in pair]
-        return "", []
+        if branch in (pb.LOG_BRANCH_ACTIVE, pb.LOG_BRANCH_ABANDONED):
+            where += " AND active = ?"
+            params.append(branch == pb.LOG_BRANCH_ACTIVE)
+        events, more = self._sized_page(where, params, False, limit, budget)
+        abandoned = self.abandoned_among([event.sequence for event in events])
+        return [(event, event.sequence in abandoned) for event in events], more
 
     def _sized_page(
         self, where: str, params: list[Any], descending: bool, limit: int, budget: int
@@ -655,25 +652,26 @@ class LogStore:
 
     # -- snapshots --------------------------------------------------------------------------
 
-    def latest_snapshot(
-        self, entity: str, until: int | None = None, timeline: Timeline | None = None
-    ) -> tuple[int, bytes] | None:
+    def latest_snapshot(self, entity: str, until: int | None = None) -> tuple[int, bytes] | None:
         """The newest snapshot whose sequence is active: one taken at a sequence a
         rewind later abandoned describes a state that no longer exists."""
-        active, params = self._active_sql("seq", self.timeline() if timeline is None else timeline)
         bound = "" if until is None else " AND seq <= ?"
-        sql = (
-            self._sql(f"SELECT seq, state FROM session_snapshot WHERE entity = ?{bound}")
-            + active
-            + " ORDER BY seq DESC LIMIT 1"
+        sql = self._sql(
+            f"SELECT seq, state FROM session_snapshot WHERE entity = ? AND active = ?{bound} "
+            "ORDER BY seq DESC LIMIT 1"
         )
         row = self.database.execute_sql(
-            sql, [entity, *([] if until is None else [until]), *params]
+            sql, [entity, True, *([] if until is None else [until])]
         ).fetchone()
         return None if row is None else (int(row[0]), bytes(row[1]))
 
     def save_snapshot(self, entity: str, seq: int, state: bytes) -> None:
-        self.Snapshot.insert(entity=entity, seq=seq, state=state).on_conflict_ignore().execute()
+        """`seq` is the last event folded into `state`, and states fold only active
+        events; snapshots are written under the log's write lock, which every move
+        takes too, so the sequence is still active here."""
+        self.Snapshot.insert(
+            entity=entity, seq=seq, state=state, active=True
+        ).on_conflict_ignore().execute()
 
     def delete_snapshots(self) -> int:
         return int(self.Snapshot.delete().execute())
@@ -696,13 +694,12 @@ class LogStore:
         until: int | None = None,
     ) -> S | None:
         """Latest snapshot + the entity's later events (up to `until`); None for an
-        entity with neither. Three statements: the timeline's head, the snapshot, the tail."""
-        timeline = self.timeline()
-        snapshot = self.latest_snapshot(entity, until, timeline)
+        entity with neither. Two statements: the snapshot, the tail."""
+        snapshot = self.latest_snapshot(entity, until)
         after, state = (
             (0, None) if snapshot is None else (snapshot[0], kind.FromString(snapshot[1]))
         )
-        tail = self.entity_events(entity, after, until, timeline)
+        tail = self.entity_events(entity, after, until)
         if state is None:
             if not tail:
                 return None

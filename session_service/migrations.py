@@ -158,7 +158,40 @@ def projection_summaries(schema: Schema) -> None:
         schema.run(schema.migrator.add_column(table, "summary", peewee.BlobField(null=True)))
 
 
-MIGRATIONS = (baseline, request_records, projection_summaries)
+def _abandoned_v4(records: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Frozen copy of `session_service.timeline.Timeline.from_records` as of migration
+    4: the open intervals (target, record) that count, latest record first."""
+    kept: list[tuple[int, int]] = []
+    for seq, target in sorted(records, reverse=True):
+        if kept and seq > min(low for low, _ in kept):
+            continue  # inside a later record's interval: it counts for nothing
+        kept.append((target, seq))
+    return kept
+
+
+def active_markers(schema: Schema) -> None:
+    """Log rows and snapshots say whether they are active, backfilled from the rewinds."""
+    schema.run(
+        schema.migrator.add_column("session_log", "active", peewee.BooleanField(default=True)),
+        schema.migrator.add_column("session_snapshot", "active", peewee.BooleanField(default=True)),
+    )
+    records = schema.execute("SELECT seq, target FROM session_rewind").fetchall()
+    for low, high in _abandoned_v4([(int(seq), int(target)) for seq, target in records]):
+        for table in ("session_log", "session_snapshot"):
+            schema.execute(
+                f"UPDATE {table} SET active = ? WHERE seq > ? AND seq < ? AND active = ?",
+                (False, low, high, True),
+            )
+    schema.run(
+        schema.migrator.add_index("session_log", ("session_id", "active", "seq"), False),
+        schema.migrator.add_index("session_log", ("agent", "session_id", "active", "seq"), False),
+        schema.migrator.add_index("session_log", ("session_id", "kind", "active", "seq"), False),
+        schema.migrator.add_index("session_snapshot", ("entity", "active", "seq"), False),
+        schema.migrator.add_index("session_snapshot", ("seq",), False),
+    )
+
+
+MIGRATIONS = (baseline, request_records, projection_summaries, active_markers)
 
 SESSION_SCHEMA = Component(
     name="session",

@@ -124,7 +124,7 @@ class MultiAgent:
                     f"must lie between the session's creation ({source.created_seq}) and the "
                     "log head",
                 )
-            if not self.store.timeline().is_active(at):
+            if not self.store.is_active(at):
                 raise FailedPrecondition(
                     "FORK_FROM_ABANDONED", f"sequence {at} lies on an abandoned branch"
                 )

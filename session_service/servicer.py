@@ -13,7 +13,7 @@ from session_service.continuity import Continuity
 from session_service.log_reads import LogQuery, LogReads
 from session_service.multi_agent import MultiAgent
 from session_service.sessions import Sessions
-from session_service.time_travel import TimeTravel
+from session_service.time_travel import Move, TimeTravel
 from switchboard import auth
 from switchboard.idempotency import RequestStore
 from switchboard.mutations import Mutations
@@ -24,6 +24,31 @@ Context = Any  # grpc.aio.ServicerContext; unused by these handlers
 
 
 mutation = Mutations(pb.DESCRIPTOR.services_by_name["SessionService"])
+
+
+def _move_fields(move: Move) -> dict[str, Any]:
+    """The fields RewindResponse and CheckoutResponse share."""
+    summary = pb.MoveSummary(
+        effects=[
+            pb.MoveEffect(
+                agent=effect.agent,
+                session_id=effect.session_id,
+                abandoned_count=effect.abandoned,
+                restored_count=effect.restored,
+            )
+            for effect in move.listed
+        ],
+        truncated=move.changed > len(move.listed),
+        changed_count=move.changed,
+        abandoned_count=move.abandoned,
+        restored_count=move.restored,
+    )
+    return {
+        "record": move.record,
+        "unchanged": move.unchanged,
+        "to_sequence": move.to_sequence,
+        "summary": summary,
+    }
 
 
 class SessionServicer(pb_grpc.SessionServiceServicer):
@@ -187,18 +212,18 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         checkpoints, token = await self.log_reads.checkpoints(request.page_size, request.page_token)
         return pb.ListCheckpointsResponse(checkpoints=checkpoints, next_page_token=token)
 
-    @mutation(lambda record: pb.RewindResponse(record=record))
+    @mutation(lambda move: pb.RewindResponse(**_move_fields(move)))
     async def Rewind(  # noqa: N802
         self, request: pb.RewindRequest, context: Context
-    ) -> pb.Event:
+    ) -> Move:
         sequence = request.sequence if request.WhichOneof("target") == "sequence" else None
-        return await self.time_travel.rewind(sequence, request.checkpoint)
+        return await self.time_travel.rewind(sequence, request.checkpoint, request.preview)
 
-    @mutation(lambda record: pb.CheckoutResponse(record=record))
+    @mutation(lambda move: pb.CheckoutResponse(**_move_fields(move)))
     async def Checkout(  # noqa: N802
         self, request: pb.CheckoutRequest, context: Context
-    ) -> pb.Event:
-        return await self.time_travel.checkout(request.sequence)
+    ) -> Move:
+        return await self.time_travel.checkout(request.sequence, request.preview)
 
     @mutation(lambda done: pb.TruncateLogResponse(retained_from=done[0], deleted_count=done[1]))
     async def TruncateLog(  # noqa: N802

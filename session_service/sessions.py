@@ -870,8 +870,8 @@ class Sessions:
         return self.redactor if settings.redact_pii else None
 
     def redacts_pii(self, agent: str) -> bool:
-        """The agent's setting, read from its state: 3 statements (the timeline's head,
-        the latest snapshot, the events after it)."""
+        """The agent's setting, read from its state: 2 statements (the latest
+        snapshot, the events after it)."""
         state = self.store.agent_state(agent)
         return state is not None and state.settings.redact_pii
 
@@ -941,12 +941,16 @@ class Sessions:
                 include_abandoned,
                 pagination.MAX_ANSWER_BYTES,
             )
-            timeline = self.store.timeline()
+            abandoned = (
+                self.store.abandoned_among([e.sequence for e in events])
+                if include_abandoned
+                else set()
+            )
             messages = [
                 pb.QueuedMessage(
                     sequence=e.sequence,
                     message=e.message_appended.message,
-                    abandoned=not timeline.is_active(e.sequence),
+                    abandoned=e.sequence in abandoned,
                 )
                 for e in events
             ]

@@ -10,11 +10,15 @@ transaction back.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from session_service import replay
 from session_service.log_store import AgentIndex, SessionIndex, agent_entity, session_entity
 from session_service.sessions import Sessions
+from session_service.timeline import Changes, Timeline, changes
 from switchboard.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -32,6 +36,60 @@ def _checked_label(field: str, label: str) -> str:
     if not _LABEL.fullmatch(label):
         raise InvalidArgument(field, "must be 1-128 letters, digits, '_', '.', ':' or '-'")
     return label
+
+
+#: Agents and sessions a move's answer lists; the totals count them all.
+MAX_LISTED_EFFECTS = 1000
+
+
+@dataclass(frozen=True)
+class EntityEffect:
+    """What a move does to one agent's own events (session_id "") or one session."""
+
+    agent: str
+    session_id: str
+    abandoned: int = 0
+    restored: int = 0
+
+    @property
+    def counted(self) -> bool:
+        return bool(self.abandoned or self.restored)
+
+    def adding(self, count: int, *, restored: bool) -> EntityEffect:
+        if restored:
+            return replace(self, restored=self.restored + count)
+        return replace(self, abandoned=self.abandoned + count)
+
+
+@dataclass(frozen=True)
+class Move:
+    """A rewind's or checkout's answer: what it did, or in preview what it would do."""
+
+    #: The sequence whose state is (or would be) current.
+    to_sequence: int
+    #: The record logged; None in preview and when nothing changed.
+    record: pb.Event | None
+    #: Nothing after the target was active (nothing to restore): nothing written.
+    unchanged: bool
+    #: Agents and sessions whose events move, at most `MAX_LISTED_EFFECTS`.
+    listed: tuple[EntityEffect, ...]
+    #: How many agents and sessions change in all (listed or not).
+    changed: int
+    abandoned: int
+    restored: int
+
+
+def _answer(target: int, effects: list[EntityEffect], record: pb.Event | None) -> Move:
+    counted = [effect for effect in effects if effect.counted]
+    return Move(
+        to_sequence=target,
+        record=record,
+        unchanged=not counted,
+        listed=tuple(counted[:MAX_LISTED_EFFECTS]),
+        changed=len(counted),
+        abandoned=sum(effect.abandoned for effect in counted),
+        restored=sum(effect.restored for effect in counted),
+    )
 
 
 def _checkpoint_pb(label: str, seq: int, created_at: float) -> pb.Checkpoint:
@@ -63,44 +121,87 @@ class TimeTravel:
 
     # -- moving the log ---------------------------------------------------------------------
 
-    async def rewind(self, sequence: int | None, checkpoint: str) -> pb.Event:
+    async def rewind(self, sequence: int | None, checkpoint: str, preview: bool = False) -> Move:
+        """Abandons everything after the target. Nothing to abandon: nothing is
+        written and the answer says so (`Move.unchanged`)."""
         if sequence is None and not checkpoint:
             raise InvalidArgument("target", "give a sequence or a checkpoint label")
         if checkpoint:
             _checked_label("checkpoint", checkpoint)
+        plan = functools.partial(self._rewind_plan, sequence, checkpoint)
+        return await self._run(plan, checkout=False, checkpoint=checkpoint, preview=preview)
 
-        def op(now: float) -> pb.Event:
-            target = sequence
-            if target is None:
-                found = self.store.checkpoint(checkpoint)
-                if found is None:
-                    raise NotFound(
-                        "CHECKPOINT_NOT_FOUND", f"checkpoint {checkpoint!r} does not exist"
-                    )
-                target = found[1]
-            self._check_reachable(target)
-            target = self._outside_tool_cycles(target)
-            if not self.store.timeline().is_active(target):
-                raise FailedPrecondition(
-                    "REWIND_INTO_ABANDONED",
-                    f"sequence {target} lies on an abandoned branch; Checkout can go there",
-                )
-            if not self.store.has_active_events_after(target):
-                already = self._latest_record()
-                if already is not None:
-                    return already  # the log is already there: repeating is idempotent
-            return self._move(now, target, checkout=False, checkpoint=checkpoint)
+    async def checkout(self, sequence: int, preview: bool = False) -> Move:
+        plan = functools.partial(self._checkout_plan, sequence)
+        return await self._run(plan, checkout=True, checkpoint="", preview=preview)
 
-        result: pb.Event = await self.sessions.write(op)
-        return result
+    def rewind_within(self, now: float, sequence: int) -> Move:
+        """A rewind inside the caller's write transaction (for building long logs)."""
+        plan = functools.partial(self._rewind_plan, sequence, "")
+        return self._moved(now, plan, checkout=False, checkpoint="")
 
-    async def checkout(self, sequence: int) -> pb.Event:
-        def op(now: float) -> pb.Event:
-            self._check_reachable(sequence)
-            return self._move(now, sequence, checkout=True, checkpoint="")
+    def _rewind_plan(self, sequence: int | None, checkpoint: str) -> tuple[int, Changes]:
+        target = sequence
+        if target is None:
+            found = self.store.checkpoint(checkpoint)
+            if found is None:
+                raise NotFound("CHECKPOINT_NOT_FOUND", f"checkpoint {checkpoint!r} does not exist")
+            target = found[1]
+        self._check_reachable(target)
+        target = self._outside_tool_cycles(target)
+        if not self.store.is_active(target):
+            raise FailedPrecondition(
+                "REWIND_INTO_ABANDONED",
+                f"sequence {target} lies on an abandoned branch; Checkout can go there",
+            )
+        # The target is active, so no active record after it reaches below it: the
+        # log up to the target stays as it is, and only what follows is abandoned.
+        return target, Changes(abandoned=((target + 1, self.store.head()),))
 
-        result: pb.Event = await self.sessions.write(op)
-        return result
+    def _checkout_plan(self, sequence: int) -> tuple[int, Changes]:
+        self._check_reachable(sequence)
+        # Onto an abandoned branch, earlier rewinds may count for nothing any more:
+        # the whole timeline before and after (arithmetic in memory), then only the
+        # ranges whose status differs are read and written.
+        records = self.store.rewind_records()
+        before = Timeline.from_records(records)
+        after = Timeline.from_records([*records, (self.store.head() + 1, sequence)])
+        return sequence, changes(before, after)
+
+    async def _run(
+        self,
+        plan: Callable[[], tuple[int, Changes]],
+        *,
+        checkout: bool,
+        checkpoint: str,
+        preview: bool,
+    ) -> Move:
+        def look() -> Move:
+            target, planned = plan()
+            return _answer(target, self._effects(planned), record=None)
+
+        if preview:
+            previewed: Move = await self.sessions.runner.read(look)
+            return previewed
+        moved: Move = await self.sessions.write(
+            functools.partial(self._moved, plan=plan, checkout=checkout, checkpoint=checkpoint)
+        )
+        return moved
+
+    def _moved(
+        self,
+        now: float,
+        plan: Callable[[], tuple[int, Changes]],
+        *,
+        checkout: bool,
+        checkpoint: str,
+    ) -> Move:
+        target, planned = plan()
+        effects = self._effects(planned)
+        if not any(effect.counted for effect in effects):
+            return _answer(target, effects, record=None)
+        record = self._move(now, target, planned, effects, checkout, checkpoint)
+        return _answer(target, effects, record=record)
 
     def _check_reachable(self, target: int) -> None:
         head = self.store.head()
@@ -128,25 +229,42 @@ class TimeTravel:
                 return target
             target = earliest - 1
 
-    def _latest_record(self) -> pb.Event | None:
-        records = self.store.rewind_events()
-        timeline = self.store.timeline()
-        active = [record for record in records if timeline.is_active(record.sequence)]
-        return active[-1] if active else None
+    def _effects(self, planned: Changes) -> list[EntityEffect]:
+        """Per agent and session, the events the planned changes move (read from the
+        rows in the changed ranges only)."""
+        found: dict[tuple[str, str], EntityEffect] = {}
+        for ranges, now_active in ((planned.abandoned, True), (planned.restored, False)):
+            for first, last in ranges:
+                if first > last:
+                    continue
+                for agent, session_id, count in self.store.move_effect(first, last, now_active):
+                    effect = found.get((agent, session_id), EntityEffect(agent, session_id))
+                    found[(agent, session_id)] = effect.adding(count, restored=not now_active)
+        return [found[key] for key in sorted(found)]
 
-    def _move(self, now: float, target: int, *, checkout: bool, checkpoint: str) -> pb.Event:
-        before = self.store.timeline()
+    def _move(
+        self,
+        now: float,
+        target: int,
+        planned: Changes,
+        effects: list[EntityEffect],
+        checkout: bool,
+        checkpoint: str,
+    ) -> pb.Event:
         record = pb.Event(
             rewound=pb.Rewound(to_sequence=target, checkout=checkout, checkpoint=checkpoint)
         )
         [logged] = self.store.append([record], now)
-        after = self.store.add_rewind(logged.sequence, target)
-        # Everything whose active events may differ: events after the target, and
-        # any branch the new view brings back.
-        revived = [low for low, high in before.abandoned if (low, high) not in after.abandoned]
-        agents, sessions = self.store.touched_since(min([target, *revived]))
-        session_states = {sid: self.store.session_state(sid) for sid in sorted(sessions)}
-        agent_states = {name: self.store.agent_state(name) for name in sorted(agents)}
+        self.store.add_rewind(logged.sequence, target)
+        for first, last in planned.abandoned:
+            self.store.mark(first, last, active=False)
+        for first, last in planned.restored:
+            self.store.mark(first, last, active=True)
+        # Only agents and sessions with events whose status changed have another state.
+        sessions = sorted({e.session_id for e in effects if e.session_id})
+        agents = sorted({e.agent for e in effects if not e.session_id})
+        session_states = {sid: self.store.session_state(sid) for sid in sessions}
+        agent_states = {name: self.store.agent_state(name) for name in agents}
         self._move_versions_forward(now, logged.sequence, session_states, agent_states)
         self._refresh_sessions(session_states)
         for name, agent in agent_states.items():
@@ -202,6 +320,11 @@ class TimeTravel:
                 self.store.delete_session_index(session_id)  # created after the cut
                 continue
             session = state.session
+            # The state is at hand, and the index says it is snapshotted: without the
+            # snapshot, reads after many rewinds would replay the whole active log.
+            self.store.save_snapshot(
+                session_entity(session_id), session.last_sequence, state.SerializeToString()
+            )
             self.store.put_session_index(
                 SessionIndex(
                     session_id=session_id,
@@ -223,6 +346,7 @@ class TimeTravel:
         if agent is None:
             self.store.delete_agent_index(name)  # created after the cut
             return
+        self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent.SerializeToString())
         self.store.put_agent_index(
             AgentIndex(
                 name=name,

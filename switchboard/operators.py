@@ -63,6 +63,38 @@ def _with_sessions(address: str, token: str | None, use: Callable[[Any], T]) -> 
         return use(client)
 
 
+_yes = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+
+
+def _confirmed_move(
+    address: str, token: str | None, preview: Callable[[Any], Any], yes: bool
+) -> bool:
+    """Shows a rewind's or checkout's preview; True when it should go ahead."""
+    answer = _with_sessions(address, token, preview)
+    if answer.unchanged:
+        click.echo(f"the log is already at {answer.to_sequence}: nothing would change")
+        return False
+    summary = answer.summary
+    _table(
+        f"moving to {answer.to_sequence}",
+        ["agent", "session", "abandoned", "restored"],
+        [
+            [e.agent, e.session_id or "(agent)", e.abandoned_count, e.restored_count]
+            for e in summary.effects
+        ],
+    )
+    more = (
+        f" ({summary.changed_count - len(summary.effects)} more not listed)"
+        if summary.truncated
+        else ""
+    )
+    click.echo(
+        f"{summary.abandoned_count} event(s) abandoned, {summary.restored_count} restored, "
+        f"over {summary.changed_count} agent(s)/session(s){more}"
+    )
+    return yes or click.confirm("Go ahead?", default=False)
+
+
 def _with_ledger(address: str, token: str | None, use: Callable[[Any], T]) -> T:
     from switchboard_client import DeliveryClient
 
@@ -204,21 +236,37 @@ def register(session: click.Group, main: click.Group) -> None:
 
     @session.command("rewind")
     @click.argument("target")
+    @_yes
     @_session_address
     @_token
-    def rewind(target: str, address: str, token: str | None) -> None:
-        """Move every agent and session back to a sequence or a checkpoint label."""
+    def rewind(target: str, yes: bool, address: str, token: str | None) -> None:
+        """Move every agent and session back to a sequence or a checkpoint label.
+
+        Shows what it would abandon first and asks before doing it."""
         to: int | str = int(target) if target.isdigit() else target
+        if not _confirmed_move(address, token, lambda c: c.preview_rewind(to), yes):
+            return
         record = _with_sessions(address, token, lambda c: c.rewind(to))
+        if not record.sequence:
+            click.echo("nothing to abandon: nothing written")
+            return
         click.echo(f"rewound to {record.rewound.to_sequence} (record {record.sequence})")
 
     @session.command("checkout")
     @click.argument("sequence", type=int)
+    @_yes
     @_session_address
     @_token
-    def checkout(sequence: int, address: str, token: str | None) -> None:
-        """Move to any sequence, abandoned branches included (undoes a rewind)."""
+    def checkout(sequence: int, yes: bool, address: str, token: str | None) -> None:
+        """Move to any sequence, abandoned branches included (undoes a rewind).
+
+        Shows what it would abandon and restore first and asks before doing it."""
+        if not _confirmed_move(address, token, lambda c: c.preview_checkout(sequence), yes):
+            return
         record = _with_sessions(address, token, lambda c: c.checkout(sequence))
+        if not record.sequence:
+            click.echo("nothing to change: nothing written")
+            return
         click.echo(f"checked out {record.rewound.to_sequence} (record {record.sequence})")
 
     @main.group()

@@ -98,6 +98,7 @@ def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) 
             )
         _drop_row_scope(database)
         _drop_projection_summaries(database)
+        _drop_active_markers(database)
 
 
 def _drop_projection_summaries(database: Any) -> None:
@@ -126,6 +127,25 @@ def _drop_row_scope(database: Any) -> None:
         migrate(migrator.drop_index("ledger_obligation", index))
     for table, column in ROW_SCOPE_COLUMNS:
         migrate(migrator.drop_column(table, column))
+
+
+#: What session migration 4 (active_markers) added: indexes, then (table, column).
+ACTIVE_MARKER_INDEXES = (
+    ("session_log", "session_log_session_id_active_seq"),
+    ("session_log", "session_log_agent_session_id_active_seq"),
+    ("session_log", "session_log_session_id_kind_active_seq"),
+    ("session_snapshot", "session_snapshot_entity_active_seq"),
+    ("session_snapshot", "session_snapshot_seq"),
+)
+
+
+def _drop_active_markers(database: Any) -> None:
+    """A session log as it was before rows said whether they are active."""
+    migrator = SchemaMigrator.from_database(database)
+    for table, index in ACTIVE_MARKER_INDEXES:
+        migrate(migrator.drop_index(table, index))
+    for table in ("session_log", "session_snapshot"):
+        migrate(migrator.drop_column(table, "active"))
 
 
 def _columns(backend: Backend) -> dict[str, list[str]]:

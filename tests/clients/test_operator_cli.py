@@ -26,8 +26,10 @@ def test_operator_commands(tmp_path: Path, loop_thread: EventLoopThread) -> None
         sessions.create_agent("main")
         first = sessions.resolve("main", transport="web", conversation_id="tab").session
 
-        def run(*args: str) -> str:
-            result = runner.invoke(main, [*args, "--token", "root"], catch_exceptions=False)
+        def run(*args: str, answer: str | None = None) -> str:
+            result = runner.invoke(
+                main, [*args, "--token", "root"], input=answer, catch_exceptions=False
+            )
             assert result.exit_code == 0, result.output
             return result.output
 
@@ -39,9 +41,19 @@ def test_operator_commands(tmp_path: Path, loop_thread: EventLoopThread) -> None
         )
         assert first.session_id in run("session", "sessions", "main", *address)
         assert "checkpoint before at sequence" in run("session", "checkpoint", "before", *address)
-        sessions.resolve("main", transport="web", conversation_id="later")
-        assert "rewound to" in run("session", "rewind", "before", *address)
+        later = sessions.resolve("main", transport="web", conversation_id="later").session
+        declined = run("session", "rewind", "before", *address, answer="n\n")
+        assert later.session_id in declined and "Go ahead?" in declined, "the preview first"
+        assert "rewound to" not in declined
+        assert len(list(sessions.list_sessions("main"))) == 2, "declined: nothing written"
+        assert "rewound to" in run("session", "rewind", "before", *address, answer="y\n")
         assert len(list(sessions.list_sessions("main"))) == 1
+        assert "nothing would change" in run("session", "rewind", "before", "--yes", *address)
+        head = sessions.create_checkpoint("after").sequence
+        restored = run("session", "checkout", str(later.create_sequence), "--yes", *address)
+        assert later.session_id in restored and "checked out" in restored
+        assert len(list(sessions.list_sessions("main"))) == 2
+        assert sessions.create_checkpoint("again").sequence > head
 
         instance = ledger.register("gw", ["slack"])
         row = ledger.record(

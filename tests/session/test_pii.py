@@ -213,8 +213,8 @@ def test_request_fingerprints_are_keyed_and_retries_still_replay(
 def test_an_append_reads_the_agent_only_for_a_raw_sender(loop_thread: EventLoopThread) -> None:
     """Round trips per append, counted at a proxy: without a sender, or with one stored
     redacted before (a turn's inbox moving to its history), as many as before; with a
-    person's raw id for an agent that redacts, three more (reading the agent's state:
-    the timeline's head, its latest snapshot, the events after it)."""
+    person's raw id for an agent that redacts, two more (reading the agent's state:
+    its latest active snapshot, the active events after it)."""
     replies = ReplyCounter()
     with private_database() as db, TcpProxy(("127.0.0.1", 5432)) as proxy:
         proxy.on_reply = replies
@@ -236,4 +236,4 @@ def test_an_append_reads_the_agent_only_for_a_raw_sender(loop_thread: EventLoopT
     print(f"round trips per append: no sender {plain}, redacted {already}, raw {raw}")
     assert plain <= 4.5
     assert already == plain
-    assert 2.5 <= raw - plain <= 3.5
+    assert 1.5 <= raw - plain <= 2.5

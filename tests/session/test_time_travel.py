@@ -165,8 +165,12 @@ def test_repeating_a_rewind_is_idempotent(chat: tuple[InProcessSession, str]) ->
     mark = _checkpoint(stub, "cut")
     append(stub, session_id, user_message("x"))
     first = _rewind(stub, mark)
-    again = _rewind(stub, mark)
-    assert again == first, "no second record"
+    head = _checkpoint(stub, "after")
+    again = stub.Rewind(pb.RewindRequest(sequence=mark))
+    assert (again.unchanged, again.HasField("record"), again.to_sequence) == (True, False, mark)
+    assert again.summary == pb.MoveSummary(), "nothing abandoned"
+    assert _checkpoint(stub, "again") == head, "no second record"
+    assert first.rewound.to_sequence == mark
     assert _history(stub, session_id) == []
 
 

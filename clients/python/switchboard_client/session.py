@@ -505,20 +505,27 @@ class SessionClient(BaseClient):
     def rewind(self, to: int | str, *, request_id: str = "") -> pb.Event:
         """Moves every agent and session back to a sequence (int) or checkpoint (label).
 
-        Returns the rewind record; everything after the target is abandoned.
+        Returns the rewind record; everything after the target is abandoned. With
+        nothing to abandon nothing is written and the record is empty (sequence 0):
+        `preview_rewind` tells in advance.
         """
-        if isinstance(to, bool):
-            raise TypeError("rewind takes a sequence (int) or a checkpoint label (str)")
-        if isinstance(to, str):
-            request = pb.RewindRequest(checkpoint=to)
-        else:
-            request = pb.RewindRequest(sequence=to)
-        return self._call(self._stub.Rewind, request, request_id=request_id).record
+        return self._call(self._stub.Rewind, _rewind_request(to), request_id=request_id).record
+
+    def preview_rewind(self, to: int | str) -> pb.RewindResponse:
+        """What `rewind(to)` would abandon, per agent and session; writes nothing."""
+        request = _rewind_request(to)
+        request.preview = True
+        return self._call(self._stub.Rewind, request)
 
     def checkout(self, sequence: int, *, request_id: str = "") -> pb.Event:
         """Like `rewind`, to any retained sequence, abandoned branches included."""
         request = pb.CheckoutRequest(sequence=sequence)
         return self._call(self._stub.Checkout, request, request_id=request_id).record
+
+    def preview_checkout(self, sequence: int) -> pb.CheckoutResponse:
+        """What `checkout(sequence)` would abandon and restore; writes nothing."""
+        request = pb.CheckoutRequest(sequence=sequence, preview=True)
+        return self._call(self._stub.Checkout, request)
 
     def truncate_log(self, below_sequence: int, *, request_id: str = "") -> pb.TruncateLogResponse:
         """Deletes log events below a sequence that snapshots made unnecessary."""
@@ -603,3 +610,11 @@ __all__ = [
     "SessionClient",
     "SwitchboardError",
 ]
+
+
+def _rewind_request(to: int | str) -> pb.RewindRequest:
+    if isinstance(to, bool):
+        raise TypeError("rewind takes a sequence (int) or a checkpoint label (str)")
+    if isinstance(to, str):
+        return pb.RewindRequest(checkpoint=to)
+    return pb.RewindRequest(sequence=to)
