@@ -627,12 +627,15 @@ class LogStore:
         seqs = sorted(int(seq) for seq, _ in sizes[:kept])
         if not seqs:
             return [], False
+        # The kept rows are the matching rows between the first and the last of them:
+        # one statement whose text does not depend on the page's length (the LIMIT
+        # holds it to the page should a concurrent checkout restore rows in between).
         events = self._payloads(
             self._sql(
-                f"SELECT payload FROM session_log WHERE seq IN ({', '.join('?' for _ in seqs)}) "
-                "ORDER BY seq"
+                f"SELECT payload FROM session_log WHERE {where} AND seq >= ? AND seq <= ? "
+                "ORDER BY seq LIMIT ?"
             ),
-            seqs,
+            [*params, seqs[0], seqs[-1], len(seqs)],
         )
         return events, len(sizes) > kept
 
