@@ -400,10 +400,6 @@ class LogStore:
         rows = tuples(self.Checkpoint.select().where(self.Checkpoint.label == label))
         return (str(rows[0][0]), int(rows[0][1]), float(rows[0][2])) if rows else None
 
-    def checkpoints(self) -> list[tuple[str, int, float]]:
-        rows = tuples(self.Checkpoint.select().order_by(self.Checkpoint.seq, self.Checkpoint.label))
-        return [(str(label), int(seq), float(at)) for label, seq, at in rows]
-
     def _row_sql(self, table: str, columns: Sequence[str]) -> tuple[str, str]:
         """SELECT by key, and the upsert of a projection row (key first): one statement
         with no row count to wait for, so it can travel with the log's INSERT."""

@@ -115,10 +115,6 @@ class TimeTravel:
         result: pb.Checkpoint = await self.sessions.runner.write(op)
         return result
 
-    async def list_checkpoints(self) -> list[pb.Checkpoint]:
-        rows = await self.sessions.runner.read(self.store.checkpoints)
-        return [_checkpoint_pb(*row) for row in rows]
-
     # -- moving the log ---------------------------------------------------------------------
 
     async def rewind(self, sequence: int | None, checkpoint: str, preview: bool = False) -> Move:
