@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -660,3 +661,36 @@ def test_the_rules_refuse_operator_calls_on_their_own(
         with pytest.raises(PermissionDenied) as refused:
             loop_thread.run(call())
         assert refused.value.reason == "ADMIN_ONLY"
+
+
+# -- several replicas -------------------------------------------------------------------------
+
+
+def test_the_model_holds_across_replicas_and_racing_claims(
+    start_delivery: StartDelivery,
+) -> None:
+    """Ownership lives in the rows, not in a replica: what one replica recorded and
+    registered is another principal's on every replica, and two instances of the
+    owing bot claiming at once on two replicas take each row exactly once."""
+    first, second = start_delivery(auth=GRANTS), start_delivery(auth=GRANTS)
+    crashed = Bot(first, TGBOT, "tgbot")
+    rows = [crashed.record(f"agent:main:telegram:dm:{n}", f"reply {n}") for n in range(20)]
+    crashed.die()
+    coder = Caller(second, CODER)
+    assert refusal(
+        lambda: coder.GetObligation(pb.GetObligationRequest(obligation_id=rows[0].id)),
+        hide=rows[0].id,
+    ) == refusal(
+        lambda: coder.GetObligation(pb.GetObligationRequest(obligation_id=MISSING_OBLIGATION)),
+        hide=MISSING_OBLIGATION,
+    )
+    assert refusal(
+        lambda: Caller(second, MAIN).Heartbeat(pb.HeartbeatRequest(instance_id=crashed.instance_id))
+    )[:2] == (grpc.StatusCode.NOT_FOUND, "INSTANCE_NOT_FOUND")
+    assert Bot(second, MAINBOT, "mainbot").claim().obligations == []
+
+    rescuers = [Bot(first, TGBOT, "tgbot"), Bot(second, TGBOT, "tgbot")]
+    with ThreadPoolExecutor(len(rescuers)) as pool:
+        answers = list(pool.map(lambda bot: bot.claim(), rescuers))
+    claimed = [row.id for answer in answers for row in answer.obligations]
+    assert sorted(claimed) == sorted(row.id for row in rows)
