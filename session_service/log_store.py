@@ -142,6 +142,20 @@ class RetentionRow(peewee.Model):
         table_name = "session_retention"
 
 
+class LineageRow(peewee.Model):
+    """One ancestor of a fork whose history it shares: the fork's history holds the
+    ancestor's messages up to `until_seq` (a fork of a fork has one row per ancestor,
+    so a history read is one statement whatever the depth)."""
+
+    session_id = peewee.CharField(max_length=128)
+    ancestor_id = peewee.CharField(max_length=128)
+    until_seq = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_lineage"
+        primary_key = peewee.CompositeKey("session_id", "ancestor_id")
+
+
 @dataclass(frozen=True)
 class SessionIndex:
     """A session's projection row: what routing, lists and version checks read."""
@@ -194,6 +208,18 @@ def agent_summary(agent: pb.Agent) -> pb.Agent:
     return summary
 
 
+def _agent_index(row: Sequence[Any]) -> AgentIndex:
+    fields = dict(zip(_AGENT_COLUMNS, row, strict=True))
+    summary = fields["summary"]
+    return AgentIndex(
+        **{
+            **fields,
+            "archived": bool(fields["archived"]),
+            "summary": None if summary is None else bytes(summary),
+        }
+    )
+
+
 def _session_index(fields: dict[str, Any]) -> SessionIndex:
     summary = fields["summary"]
     return SessionIndex(
@@ -230,9 +256,10 @@ class LogStore:
         self.Rewind = bind_model(RewindRow, self.database)
         self.Checkpoint = bind_model(CheckpointRow, self.database)
         self.Retention = bind_model(RetentionRow, self.database)
+        self.Lineage = bind_model(LineageRow, self.database)
         self.models = (
             self.Head, self.Event, self.Agent, self.Session, self.Route, self.Snapshot,
-            self.Rewind, self.Checkpoint, self.Retention,
+            self.Rewind, self.Checkpoint, self.Retention, self.Lineage,
         )  # fmt: skip
         self._q = self.database.param
         self._select_session, self._upsert_session = self._row_sql(
@@ -243,6 +270,13 @@ class LogStore:
             f"SELECT {', '.join(f's.{c}' for c in _SESSION_COLUMNS)} FROM session_route r "
             "JOIN session_session s ON s.session_id = r.session_id "
             "WHERE r.agent = ? AND r.routing_key = ?"
+        )
+        # A fork's ancestors are its parent's and the parent itself, each up to the
+        # earlier of the two fork points (the parent's own are earlier already).
+        self._insert_lineage = self._sql(
+            "INSERT INTO session_lineage (session_id, ancestor_id, until_seq) "
+            "SELECT ?, ancestor_id, until_seq FROM session_lineage WHERE session_id = ? "
+            "UNION ALL SELECT ?, ?, ? ON CONFLICT DO NOTHING"
         )
         self._insert_events = self._sql(
             "INSERT INTO session_log (seq, agent, session_id, kind, payload, tool_ref, active) "
@@ -552,6 +586,11 @@ class LogStore:
         )
         return self._payloads(sql, [key, True, after_seq, *([] if until is None else [until])])
 
+    def add_lineage(self, session_id: str, parent_id: str, until_seq: int) -> None:
+        """Records a fork's ancestors (one statement; a replay writes the same rows)."""
+        params = [session_id, parent_id, session_id, parent_id, until_seq]
+        self.database.execute_sql(self._insert_lineage, params)
+
     def history(
         self,
         session_id: str,
@@ -561,16 +600,33 @@ class LogStore:
         newest: bool,
         include_abandoned: bool,
         budget: int,
+        shared: bool = False,
     ) -> tuple[list[pb.Event], bool]:
         """The oldest (or `newest`) history messages in (after, before), at most `limit`
-        and `budget` bytes, oldest first; and whether more lie beyond them."""
-        active, params = ("", []) if include_abandoned else (" AND active = ?", [True])
-        where = "session_id = ? AND kind = 'message_appended' AND seq > ?"
-        bound = [] if before_seq is None else [before_seq]
-        where += "" if before_seq is None else " AND seq < ?"
-        return self._sized_page(
-            where + active, [session_id, after_seq, *bound, *params], newest, limit, budget
+        and `budget` bytes, oldest first; and whether more lie beyond them. `shared`:
+        the session is a fork sharing its ancestors' history (see `LineageRow`)."""
+        conditions, params = ["kind = 'message_appended'", "seq > ?"], [after_seq]
+        if before_seq is not None:
+            conditions.append("seq < ?")
+            params.append(before_seq)
+        if not include_abandoned:
+            conditions.append("active = ?")
+            params.append(True)
+        if not shared:
+            where = " AND ".join(["session_id = ?", *conditions])
+            return self._sized_page(where, [session_id, *params], newest, limit, budget)
+        # The fork's own rows and each ancestor's up to its fork point: sequences are
+        # global, so the parts never overlap and read in order as one history.
+        own = " AND ".join(conditions)
+        inherited = " AND ".join(f"l.{condition}" for condition in conditions)
+        source = (
+            f"(SELECT seq, payload FROM session_log WHERE session_id = ? AND {own} "
+            "UNION ALL SELECT l.seq, l.payload FROM session_lineage a JOIN session_log l "
+            "ON l.session_id = a.ancestor_id AND l.seq <= a.until_seq "
+            f"WHERE a.session_id = ? AND {inherited}) h"
         )
+        source_params = [session_id, *params, session_id, *params]
+        return self._sized_page("TRUE", [], newest, limit, budget, source, source_params)
 
     def log_page(
         self,
@@ -604,7 +660,14 @@ class LogStore:
         return [(event, event.sequence in abandoned) for event in events], more
 
     def _sized_page(
-        self, where: str, params: list[Any], descending: bool, limit: int, budget: int
+        self,
+        where: str,
+        params: list[Any],
+        descending: bool,
+        limit: int,
+        budget: int,
+        source: str = "session_log",
+        source_params: Sequence[Any] = (),
     ) -> tuple[list[pb.Event], bool]:
         """Events matching `where`, by sequence (from the top when `descending`), as many
         as `limit` and `budget` bytes allow, returned oldest first; and whether more
@@ -614,10 +677,10 @@ class LogStore:
         order = "DESC" if descending else "ASC"
         sizes = self.database.execute_sql(
             self._sql(
-                f"SELECT seq, LENGTH(payload) FROM session_log WHERE {where} "
+                f"SELECT seq, LENGTH(payload) FROM {source} WHERE {where} "
                 f"ORDER BY seq {order} LIMIT {int(limit) + 1}"
             ),
-            params,
+            [*source_params, *params],
         ).fetchall()
         kept = pagination.fitting((int(size) for _, size in sizes[:limit]), budget)
         seqs = sorted(int(seq) for seq, _ in sizes[:kept])
@@ -628,10 +691,10 @@ class LogStore:
         # holds it to the page should a concurrent checkout restore rows in between).
         events = self._payloads(
             self._sql(
-                f"SELECT payload FROM session_log WHERE {where} AND seq >= ? AND seq <= ? "
+                f"SELECT payload FROM {source} WHERE {where} AND seq >= ? AND seq <= ? "
                 "ORDER BY seq LIMIT ?"
             ),
-            [*params, seqs[0], seqs[-1], len(seqs)],
+            [*source_params, *params, seqs[0], seqs[-1], len(seqs)],
         )
         return events, len(sizes) > kept
 
@@ -716,15 +779,7 @@ class LogStore:
         row = self.database.execute_sql(self._select_agent, [name]).fetchone()
         if row is None:
             return None
-        fields = dict(zip(_AGENT_COLUMNS, row, strict=True))
-        summary = fields["summary"]
-        return AgentIndex(
-            **{
-                **fields,
-                "archived": bool(fields["archived"]),
-                "summary": None if summary is None else bytes(summary),
-            }
-        )
+        return _agent_index(row)
 
     def put_agent_index(self, index: AgentIndex) -> None:
         if index.summary is None:  # written without one (a rewind's refresh): fold it
@@ -733,11 +788,15 @@ class LogStore:
             index = replace(index, summary=summary)
         self._write(self._upsert_agent, [getattr(index, column) for column in _AGENT_COLUMNS])
 
-    def list_agents(self, after_name: str, limit: int, include_archived: bool) -> list[str]:
-        query = self.Agent.select(self.Agent.name).where(self.Agent.name > after_name)
-        if not include_archived:
-            query = query.where(self.Agent.archived == False)  # noqa: E712 - SQL, not Python
-        return [name for (name,) in tuples(query.order_by(self.Agent.name).limit(limit))]
+    def list_agents(self, after_name: str, limit: int, include_archived: bool) -> list[AgentIndex]:
+        """A page of agent rows by name, summaries included: one statement."""
+        live = "" if include_archived else " AND archived = ?"
+        sql = self._sql(
+            f"SELECT {', '.join(_AGENT_COLUMNS)} FROM session_agent WHERE name > ?{live} "
+            "ORDER BY name LIMIT ?"
+        )
+        params = [after_name, *([] if include_archived else [False]), limit]
+        return [_agent_index(row) for row in self.database.execute_sql(sql, params).fetchall()]
 
     def session_index(self, session_id: str) -> SessionIndex | None:
         row = self.database.execute_sql(self._select_session, [session_id]).fetchone()
@@ -832,7 +891,7 @@ class LogStore:
         ).execute()
 
     def clear_projections(self) -> None:
-        for model in (self.Agent, self.Session, self.Route):
+        for model in (self.Agent, self.Session, self.Route, self.Lineage):
             model.delete().execute()
 
     def projection_rows(self) -> dict[str, set[tuple[Any, ...]]]:
@@ -843,6 +902,7 @@ class LogStore:
             ("agents", self.Agent),
             ("sessions", self.Session),
             ("routes", self.Route),
+            ("lineage", self.Lineage),
         ):
             columns = [f for n, f in model._meta.fields.items() if n != "snapshot_version"]
             rows[name] = {
@@ -868,7 +928,9 @@ class LogStore:
         self.Agent.delete().where(self.Agent.name == name).execute()
 
     def delete_session_index(self, session_id: str) -> None:
+        """A session a rewind undid: its row and, for a fork, its lineage."""
         self.Session.delete().where(self.Session.session_id == session_id).execute()
+        self.Lineage.delete().where(self.Lineage.session_id == session_id).execute()
 
     def drop_routes_to(self, session_ids: Iterable[str]) -> None:
         self.Route.delete().where(self.Route.session_id.in_(list(session_ids))).execute()

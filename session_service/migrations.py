@@ -191,7 +191,24 @@ def active_markers(schema: Schema) -> None:
     )
 
 
-MIGRATIONS = (baseline, request_records, projection_summaries, active_markers)
+class LineageV5(peewee.Model):
+    session_id = peewee.CharField(max_length=128)
+    ancestor_id = peewee.CharField(max_length=128)
+    until_seq = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_lineage"
+        primary_key = peewee.CompositeKey("session_id", "ancestor_id")
+
+
+def fork_lineage(schema: Schema) -> None:
+    """Forks read their ancestors' history up to each fork point instead of copying it.
+    Nothing to backfill: forks made before copied their history (the flag on their
+    `SessionOpened` says so), and only forks made from now on get lineage rows."""
+    schema.create_tables(LineageV5)
+
+
+MIGRATIONS = (baseline, request_records, projection_summaries, active_markers, fork_lineage)
 
 SESSION_SCHEMA = Component(
     name="session",

@@ -130,16 +130,16 @@ class MultiAgent:
                 )
             state = self.store.session_state(session_id, until=at)
             assert state is not None
-            history = [
-                event.message_appended.message
-                for event in self.store.entity_events(f"session:{session_id}", 0, until=at)
-                if event.WhichOneof("body") == "message_appended"
-            ]
             layers = list(state.session.narrowing)
             if narrowing.rules:
                 layers.append(narrowing)
+            # The history up to `at` is the parent's (and its ancestors'): read through
+            # the lineage, so a fork writes one event whatever the history's length.
             lineage = pb.Lineage(
-                parent_session_id=session_id, parent_agent=agent, forked_at_sequence=at
+                parent_session_id=session_id,
+                parent_agent=agent,
+                forked_at_sequence=at,
+                shares_parent_history=True,
             )
             return self.sessions.open_session(
                 now,
@@ -151,7 +151,7 @@ class MultiAgent:
                 lineage=lineage,
                 narrowing=layers,
                 task=state.current_task if state.HasField("current_task") else None,
-                history=history,
+                inherited_message_count=state.session.message_count,
             )
 
         result: pb.Session = await self.sessions.write(op)

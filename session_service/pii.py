@@ -8,8 +8,9 @@ id in seconds. Without a key the digest is sha256(id), as before keys existed,
 so that routes stored then still resolve; the service warns about it at start-up.
 
 Redaction is idempotent: a value already in redacted shape is kept, because
-forks copy stored history and a gateway may hand back an id it read. A message
-sender of the form `agent:<name>` names an agent, not a person, and is kept too.
+forks made by older releases copied stored history and a gateway may hand back
+an id it read. A message sender of the form `agent:<name>` names an agent, not a
+person, and is kept too.
 
 Setting or changing the key changes every redacted routing key: conversations
 that were routed before start fresh sessions (the old ones stay readable by id).

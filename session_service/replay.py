@@ -60,6 +60,7 @@ def apply_to_session(state: pb.SessionState, event: pb.Event) -> None:
         session.create_sequence = event.sequence
         session.lineage.CopyFrom(opened.lineage)
         session.narrowing.extend(opened.narrowing)
+        session.message_count = opened.inherited_message_count
         state.temp_state.update(opened.temp_state)
         if opened.HasField("task"):
             state.current_task.CopyFrom(opened.task)

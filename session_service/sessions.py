@@ -315,6 +315,11 @@ class Sessions:
             )
             if opened.routing_key:
                 self.store.set_route(event.agent, opened.routing_key, event.session_id)
+            if opened.lineage.shares_parent_history:
+                lineage = opened.lineage
+                self.store.add_lineage(
+                    event.session_id, lineage.parent_session_id, lineage.forked_at_sequence
+                )
             return
         current = sessions.get(event.session_id) or self.store.session_index(event.session_id)
         assert current is not None, f"event {event.sequence} for an unknown session"
@@ -449,16 +454,10 @@ class Sessions:
         after = position[0] if position else ""
 
         def op() -> tuple[list[pb.Agent], str]:
-            names = self.store.list_agents(after, size + 1, include_archived)
-            more = len(names) > size
-            names = names[:size]
-            agents = []
-            for name in names:
-                agent = self.store.agent_state(name)
-                assert agent is not None
-                agent.ClearField("memory")
-                agents.append(agent)
-            token = pagination.encode([names[-1]], [include_archived]) if more else ""
+            rows = self.store.list_agents(after, size + 1, include_archived)
+            more = len(rows) > size
+            agents = [self.agent_summary_of(row) for row in rows[:size]]
+            token = pagination.encode([agents[-1].name], [include_archived]) if more else ""
             return agents, token
 
         return await self.runner.read(op)
@@ -565,16 +564,22 @@ class Sessions:
             return state.session
         return pb.Session.FromString(index.summary)
 
+    def agent_summary_of(self, index: AgentIndex) -> pb.Agent:
+        """The agent without its memory, from its projection row (a row not summarized
+        yet folds the agent: see `recovery.fill_summaries`)."""
+        if index.summary is None:
+            agent = self.store.agent_state(index.name)
+            assert agent is not None
+            return agent_summary(agent)
+        return pb.Agent.FromString(index.summary)
+
     def live_agent_summary(self, name: str) -> pb.Agent:
         """The live agent without its memory, from its projection row (one statement):
         enough for routing, freshness and existence checks."""
         index = self.store.agent_index(name)
         if index is None:
             raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
-        if index.summary is None:
-            agent = agent_summary(self.live_agent(name))
-        else:
-            agent = pb.Agent.FromString(index.summary)
+        agent = self.agent_summary_of(index)
         if agent.archived:
             raise FailedPrecondition("AGENT_ARCHIVED", f"agent {name!r} is archived")
         return agent
@@ -591,10 +596,10 @@ class Sessions:
         lineage: pb.Lineage | None = None,
         narrowing: Sequence[pb.Narrowing] = (),
         task: pb.Task | None = None,
-        history: Sequence[pb.Message] = (),
+        inherited_message_count: int = 0,
     ) -> pb.Session:
-        """Logs a new session: its whole initial state in the first event, then the
-        history it starts with (a fork's branch), all in this transaction."""
+        """Logs a new session, its whole initial state in one event (a fork's history
+        is its parent's, read through `lineage`, never copied)."""
         opened = pb.SessionOpened(
             session_id=session_id,
             routing_key=routing_key,
@@ -603,19 +608,14 @@ class Sessions:
             lineage=lineage,
             narrowing=narrowing,
             task=task,
+            inherited_message_count=inherited_message_count,
         )
         # Above any version a session of this id ever had (one a rewind undid, say).
         first = self.store.highest_version(session_entity(session_id)) + 1
-        events = [
-            pb.Event(
-                agent=agent, session_id=session_id, session_version=first, session_opened=opened
-            )
-        ]
-        for offset, message in enumerate(history):
-            event = pb.Event(agent=agent, session_id=session_id, session_version=first + 1 + offset)
-            event.message_appended.message.CopyFrom(message)
-            events.append(event)
-        self.log(now, events)
+        event = pb.Event(
+            agent=agent, session_id=session_id, session_version=first, session_opened=opened
+        )
+        self.log(now, [event])
         return self.summary(session_id)
 
     async def resolve(
@@ -931,7 +931,8 @@ class Sessions:
             after, before = (after, position[0]) if newest else (position[0], before)
 
         def op() -> tuple[list[pb.QueuedMessage], str]:
-            self.session_of(agent, session_id)
+            index = self.session_of(agent, session_id)
+            shared = self.summary(session_id, index).lineage.shares_parent_history
             events, more = self.store.history(
                 session_id,
                 after,
@@ -940,6 +941,7 @@ class Sessions:
                 newest,
                 include_abandoned,
                 pagination.MAX_ANSWER_BYTES,
+                shared,
             )
             abandoned = (
                 self.store.abandoned_among([e.sequence for e in events])

@@ -16,7 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from session_service import replay
-from session_service.log_store import AgentIndex, SessionIndex, agent_entity, session_entity
+from session_service.log_store import (
+    AgentIndex,
+    SessionIndex,
+    agent_entity,
+    agent_summary,
+    serialized_summary,
+    session_entity,
+)
 from session_service.sessions import Sessions
 from session_service.timeline import Changes, Timeline, changes
 from switchboard.errors import (
@@ -311,7 +318,11 @@ class TimeTravel:
 
     def _refresh_sessions(self, states: dict[str, pb.SessionState | None]) -> None:
         self.store.drop_routes_to(states)
-        for session_id, state in states.items():
+        # Parents before their forks: a fork's lineage copies its parent's.
+        order = sorted(
+            states.items(), key=lambda item: item[1].session.create_sequence if item[1] else 0
+        )
+        for session_id, state in order:
             if state is None:
                 self.store.delete_session_index(session_id)  # created after the cut
                 continue
@@ -333,10 +344,16 @@ class TimeTravel:
                     version=session.version,
                     snapshot_version=session.version,
                     resume_pending=session.resume_pending,
+                    summary=serialized_summary(session),
                 )
             )
             if session.routing_key and session.status == pb.SESSION_STATUS_OPEN:
                 self.store.set_route(session.agent, session.routing_key, session_id)
+            if session.lineage.shares_parent_history:  # a fork restored by a checkout
+                lineage = session.lineage
+                self.store.add_lineage(
+                    session_id, lineage.parent_session_id, lineage.forked_at_sequence
+                )
 
     def _refresh_agent(self, name: str, agent: pb.Agent | None) -> None:
         if agent is None:
@@ -350,6 +367,7 @@ class TimeTravel:
                 version=agent.version,
                 last_seq=agent.last_sequence,
                 snapshot_version=agent.version,
+                summary=serialized_summary(agent_summary(agent)),
             )
         )
 

@@ -137,6 +137,38 @@ def test_listed_summaries_are_the_fold_of_the_log_after_every_kind_of_change(
     assert not recovery.rebuild(service.unit.sessions).differed
 
 
+def test_a_page_of_agents_is_one_statement_and_each_is_the_agent_without_memory(
+    service: InProcessSession,
+) -> None:
+    _changed_every_way(service)  # "main": settings, memory, a rewind
+    for n in range(30):
+        create_agent(service.stub, f"agent-{n:02}", display_name=f"Agent {n}")
+        service.stub.PutMemory(pb.PutMemoryRequest(agent=f"agent-{n:02}", key="k", value="v"))
+    service.stub.DeleteAgent(pb.DeleteAgentRequest(name="agent-03"))
+    request = pb.ListAgentsRequest(page_size=10, include_archived=True)
+    service.stub.ListAgents(request)  # warm
+
+    counted = _statements(service, lambda: service.stub.ListAgents(request))
+
+    assert len(counted) <= 1, counted
+    listed, token = [], ""
+    while True:
+        page = service.stub.ListAgents(
+            pb.ListAgentsRequest(page_size=10, include_archived=True, page_token=token)
+        )
+        listed.extend(page.agents)
+        token = page.next_page_token
+        if not token:
+            break
+    assert len(listed) == 31
+    for agent in listed:
+        whole = service.stub.GetAgent(pb.GetAgentRequest(name=agent.name)).agent
+        whole.ClearField("memory")
+        assert agent == whole, agent.name
+    live = service.stub.ListAgents(pb.ListAgentsRequest(page_size=100)).agents
+    assert "agent-03" not in {agent.name for agent in live}
+
+
 def test_rows_without_summaries_are_read_by_folding_and_filled_at_start(
     start_session: StartSession,
 ) -> None:
