@@ -151,7 +151,8 @@ def test_a_page_of_agents_is_one_statement_and_each_is_the_agent_without_memory(
     counted = _statements(service, lambda: service.stub.ListAgents(request))
 
     assert len(counted) <= 1, counted
-    listed, token = [], ""
+    listed: list[pb.Agent] = []
+    token = ""
     while True:
         page = service.stub.ListAgents(
             pb.ListAgentsRequest(page_size=10, include_archived=True, page_token=token)
