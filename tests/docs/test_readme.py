@@ -20,11 +20,13 @@ right above a fence, see `tests/docs/blocks.py`) this file knows:
 
 The Python client example is run again on SQLite and Postgres for what it
 promises: two runs for one inbound message post once, a reply held by a live
-instance is left to it, and a dead holder's reply is redelivered with the marker.
+instance is left to it, and the reply of a holder SIGKILLed mid-send is redelivered
+with the marker.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -411,18 +413,57 @@ def test_the_example_leaves_a_reply_a_live_instance_is_sending_to_it(
         assert ledger.get(held.id) == held  # untouched: same state, holder and fence
 
 
-def test_the_example_redelivers_a_dead_holders_reply_with_the_marker(
+#: A gateway process that records the example's reply (straight into ATTEMPTING) on a
+#: one-second lease, says so, and waits to be SIGKILLed before it sends.
+_CRASHING_HOLDER = """
+import json, sys, time
+from switchboard_client import DeliveryClient
+address, gateway, row = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+ledger = DeliveryClient(address)
+me = ledger.register(gateway, ["slack"], lease_ttl_s=1.0).instance_id
+held = ledger.record(me, begin_attempt=True, **row).obligation
+print(me, held.id, flush=True)
+time.sleep(600)
+"""
+
+
+def crashed_holder(address: str, row: dpb.Obligation) -> tuple[str, str]:
+    """Runs `_CRASHING_HOLDER`, SIGKILLs it once it holds the row, and waits until the
+    ledger judges it dead (its lease lapsed). Returns its instance id and the row's id."""
+    fields = {
+        name: getattr(row, name)
+        for name in ("session_key", "content", "platform", "chat_id", "message_ref")
+    }
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _CRASHING_HOLDER, address, row.gateway_name, json.dumps(fields)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        instance_id, row_id = holder.stdout.readline().split()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=BLOCK_TIMEOUT_S)
+    with DeliveryClient(address) as ledger:
+        deadline = time.monotonic() + BLOCK_TIMEOUT_S  # a hang guard, not a timing assert
+        while ledger.instance(instance_id).live:
+            assert time.monotonic() < deadline, f"{instance_id} stayed live after SIGKILL"
+            time.sleep(0.2)
+    return instance_id, row_id
+
+
+def test_the_example_redelivers_a_killed_holders_reply_with_the_marker(
     reply_example: Example, example_row: dpb.Obligation
 ) -> None:
+    crashed, row_id = crashed_holder(reply_example.delivery.address, example_row)
     with DeliveryClient(reply_example.delivery.address) as ledger:
-        crashed = ledger.register(example_row.gateway_name, ["slack"]).instance_id
-        held = record_like(ledger, crashed, example_row)
-        ledger.deregister(crashed)  # its lease is over, as after a crash
+        assert ledger.get(row_id).state == dpb.OBLIGATION_STATE_ATTEMPTING
 
         outcome = reply_example.run()
 
         (post,) = outcome.posts()
         assert RECOVERED_MARKER.strip() in post and example_row.content in post
-        row = ledger.get(held.id)
+        row = ledger.get(row_id)
         assert row.state == dpb.OBLIGATION_STATE_DELIVERED
-        assert row.owner_instance_id != crashed
+        assert row.owner_instance_id not in ("", crashed)
