@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from session_service import storage_format
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
 from session_service.sessions import SessionLimits, Sessions, new_session_id
@@ -85,13 +86,14 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
                 event.time.FromNanoseconds(int(now * 1e9))
                 event.message_appended.message.role = pb.ROLE_USER
                 event.message_appended.message.content = f"message {seq} " + "x" * 80
-                rows.append(
-                    (seq, "bench", session_id, "message_appended", event.SerializeToString(), True)
-                )
+                payload = storage_format.encode_event(event)
+                fmt = storage_format.CURRENT
+                rows.append((seq, "bench", session_id, "message_appended", fmt, payload, True))
             store.database.cursor().executemany(
                 store._sql(
-                    "INSERT INTO session_log (seq, agent, session_id, kind, payload, active) "
-                    "VALUES (?, ?, ?, ?, ?, ?)"
+                    "INSERT INTO session_log "
+                    "(seq, agent, session_id, kind, format, payload, active) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)"
                 ),
                 rows,
             )

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import peewee
 
-from session_service import replay
+from session_service import replay, storage_format
 from session_service.timeline import Timeline
 from switchboard import pagination
 from switchboard.database import Backend, bind_model, dicts, tuples
@@ -40,7 +40,8 @@ class EventRow(peewee.Model):
     agent = peewee.CharField(max_length=64)
     session_id = peewee.CharField(max_length=128, null=True)
     kind = peewee.CharField(max_length=32)
-    payload = peewee.BlobField()  # a serialized pb.Event: typed, never pickle
+    payload = peewee.BlobField()  # an event in `format` (see `storage_format`): never pickle
+    format = peewee.SmallIntegerField(default=storage_format.CURRENT)
     # Tool-call bookkeeping, so a rewind can find the cycles it would cut:
     # "c:<id>\n<id>…" on a message requesting calls, "r:<id>" on a tool result.
     tool_ref = peewee.TextField(null=True)
@@ -104,7 +105,8 @@ class RouteRow(peewee.Model):
 class SnapshotRow(peewee.Model):
     entity = peewee.CharField(max_length=200)  # "agent:<name>" or "session:<id>"
     seq = peewee.BigIntegerField()
-    state = peewee.BlobField()
+    state = peewee.BlobField()  # in `format`, as a log row's payload
+    format = peewee.SmallIntegerField(default=storage_format.CURRENT)
     # Taken at an active sequence; False while a rewind has abandoned that sequence.
     active = peewee.BooleanField()
 
@@ -279,8 +281,9 @@ class LogStore:
             "UNION ALL SELECT ?, ?, ? ON CONFLICT DO NOTHING"
         )
         self._insert_events = self._sql(
-            "INSERT INTO session_log (seq, agent, session_id, kind, payload, tool_ref, active) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO session_log "
+            "(seq, agent, session_id, kind, format, payload, tool_ref, active) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         )
 
     # -- the timeline -----------------------------------------------------------------------
@@ -315,7 +318,9 @@ class LogStore:
         return {int(row[0]) for row in rows}
 
     def _payloads(self, sql: str, params: Sequence[Any]) -> list[pb.Event]:
-        return [_event(row[0]) for row in self.database.execute_sql(sql, params).fetchall()]
+        """The events of a statement selecting (format, payload)."""
+        rows = self.database.execute_sql(sql, params).fetchall()
+        return [storage_format.decode_event(int(fmt), payload) for fmt, payload in rows]
 
     def _active(self) -> peewee.Expression:
         return self.Event.active == True  # noqa: E712 - SQL, not Python
@@ -491,7 +496,8 @@ class LogStore:
                     event.agent,
                     event.session_id or None,
                     event.WhichOneof("body"),
-                    event.SerializeToString(),
+                    storage_format.CURRENT,
+                    storage_format.encode_event(event),
                     _tool_ref(event),
                     True,  # above every rewind record, so inside no abandoned interval
                 )
@@ -508,14 +514,16 @@ class LogStore:
         agent: str = "",
         session_id: str = "",
     ) -> list[pb.Event]:
-        query = self.Event.select(self.Event.payload).where(self.Event.seq > after_seq)
+        query = self.Event.select(self.Event.format, self.Event.payload).where(
+            self.Event.seq > after_seq
+        )
         is_rewind = self.Event.kind == "rewound"
         if agent:
             query = query.where((self.Event.agent == agent) | is_rewind)
         if session_id:
             query = query.where((self.Event.session_id == session_id) | is_rewind)
         rows = tuples(query.order_by(self.Event.seq).limit(limit))
-        return [_event(payload) for (payload,) in rows]
+        return [storage_format.decode_event(int(fmt), payload) for fmt, payload in rows]
 
     def read_page(
         self,
@@ -539,14 +547,15 @@ class LogStore:
                 where.append(f"({column} = ? OR kind = 'rewound')")
                 params.append(value)  # type: ignore[arg-type]
         sql = self._sql(
-            "SELECT CASE WHEN upto - size < ? THEN payload END FROM ("
-            "SELECT seq, payload, LENGTH(payload) AS size, "
+            "SELECT format, CASE WHEN upto - size < ? THEN payload END FROM ("
+            "SELECT seq, format, payload, LENGTH(payload) AS size, "
             "SUM(LENGTH(payload)) OVER (ORDER BY seq) AS upto FROM session_log "
             f"WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?) AS page ORDER BY seq"
         )
         rows = self.database.execute_sql(sql, [max_bytes, *params, limit + 1]).fetchall()
-        payloads = [row[0] for row in rows[:limit] if row[0] is not None]
-        return [_event(bytes(payload)) for payload in payloads], len(rows) > len(payloads)
+        kept = [(int(fmt), payload) for fmt, payload in rows[:limit] if payload is not None]
+        events = [storage_format.decode_event(fmt, payload) for fmt, payload in kept]
+        return events, len(rows) > len(events)
 
     def highest_version(self, entity: str) -> int:
         """The highest version the agent or session ever had, on any branch: 0 for one
@@ -555,13 +564,15 @@ class LogStore:
         index = self.agent_index(key) if kind == "agent" else self.session_index(key)
         projected = 0 if index is None else index.version
         row = self.database.execute_sql(
-            self._sql(f"SELECT payload FROM session_log WHERE {where} ORDER BY seq DESC LIMIT 1"),
+            self._sql(
+                f"SELECT format, payload FROM session_log WHERE {where} ORDER BY seq DESC LIMIT 1"
+            ),
             [key],
         ).fetchone()
         if row is None:
             return projected
         # Every new version is above all earlier ones: the newest event has the highest.
-        newest = _event(row[0])
+        newest = storage_format.decode_event(int(row[0]), row[1])
         if kind == "session":
             return max(projected, newest.session_version)
         if newest.agent_version:
@@ -581,8 +592,8 @@ class LogStore:
         _, where, key = _entity_filter(entity)
         bound = "" if until is None else " AND seq <= ?"
         sql = self._sql(
-            f"SELECT payload FROM session_log WHERE {where} AND active = ? AND seq > ?{bound} "
-            "ORDER BY seq"
+            f"SELECT format, payload FROM session_log WHERE {where} AND active = ? "
+            f"AND seq > ?{bound} ORDER BY seq"
         )
         return self._payloads(sql, [key, True, after_seq, *([] if until is None else [until])])
 
@@ -620,8 +631,8 @@ class LogStore:
         own = " AND ".join(conditions)
         inherited = " AND ".join(f"l.{condition}" for condition in conditions)
         source = (
-            f"(SELECT seq, payload FROM session_log WHERE session_id = ? AND {own} "
-            "UNION ALL SELECT l.seq, l.payload FROM session_lineage a JOIN session_log l "
+            f"(SELECT seq, format, payload FROM session_log WHERE session_id = ? AND {own} "
+            "UNION ALL SELECT l.seq, l.format, l.payload FROM session_lineage a JOIN session_log l "
             "ON l.session_id = a.ancestor_id AND l.seq <= a.until_seq "
             f"WHERE a.session_id = ? AND {inherited}) h"
         )
@@ -691,7 +702,7 @@ class LogStore:
         # holds it to the page should a concurrent checkout restore rows in between).
         events = self._payloads(
             self._sql(
-                f"SELECT payload FROM {source} WHERE {where} AND seq >= ? AND seq <= ? "
+                f"SELECT format, payload FROM {source} WHERE {where} AND seq >= ? AND seq <= ? "
                 "ORDER BY seq LIMIT ?"
             ),
             [*source_params, *params, seqs[0], seqs[-1], len(seqs)],
@@ -714,25 +725,33 @@ class LogStore:
 
     # -- snapshots --------------------------------------------------------------------------
 
-    def latest_snapshot(self, entity: str, until: int | None = None) -> tuple[int, bytes] | None:
-        """The newest snapshot whose sequence is active: one taken at a sequence a
-        rewind later abandoned describes a state that no longer exists."""
+    def latest_snapshot(
+        self, entity: str, kind: type[S], until: int | None = None
+    ) -> tuple[int, S] | None:
+        """The newest snapshot whose sequence is active (one taken at a sequence a
+        rewind later abandoned describes a state that no longer exists), and its seq."""
         bound = "" if until is None else " AND seq <= ?"
         sql = self._sql(
-            f"SELECT seq, state FROM session_snapshot WHERE entity = ? AND active = ?{bound} "
-            "ORDER BY seq DESC LIMIT 1"
+            "SELECT seq, format, state FROM session_snapshot "
+            f"WHERE entity = ? AND active = ?{bound} ORDER BY seq DESC LIMIT 1"
         )
         row = self.database.execute_sql(
             sql, [entity, True, *([] if until is None else [until])]
         ).fetchone()
-        return None if row is None else (int(row[0]), bytes(row[1]))
+        if row is None:
+            return None
+        return int(row[0]), storage_format.decode_state(kind, int(row[1]), row[2])
 
-    def save_snapshot(self, entity: str, seq: int, state: bytes) -> None:
+    def save_snapshot(self, entity: str, seq: int, state: pb.SessionState | pb.Agent) -> None:
         """`seq` is the last event folded into `state`, and states fold only active
         events; snapshots are written under the log's write lock, which every move
         takes too, so the sequence is still active here."""
         self.Snapshot.insert(
-            entity=entity, seq=seq, state=state, active=True
+            entity=entity,
+            seq=seq,
+            state=storage_format.encode_state(state),
+            format=storage_format.CURRENT,
+            active=True,
         ).on_conflict_ignore().execute()
 
     def delete_snapshots(self) -> int:
@@ -757,10 +776,8 @@ class LogStore:
     ) -> S | None:
         """Latest snapshot + the entity's later events (up to `until`); None for an
         entity with neither. Two statements: the snapshot, the tail."""
-        snapshot = self.latest_snapshot(entity, until)
-        after, state = (
-            (0, None) if snapshot is None else (snapshot[0], kind.FromString(snapshot[1]))
-        )
+        snapshot = self.latest_snapshot(entity, kind, until)
+        after, state = (0, None) if snapshot is None else snapshot
         tail = self.entity_events(entity, after, until)
         if state is None:
             if not tail:
@@ -940,12 +957,12 @@ class LogStore:
         after = 0
         while True:
             query = (
-                self.Event.select(self.Event.payload)
+                self.Event.select(self.Event.format, self.Event.payload)
                 .where((self.Event.seq > after) & (self.Event.kind != "rewound") & self._active())
                 .order_by(self.Event.seq)
                 .limit(batch)
             )
-            events = [_event(p) for (p,) in tuples(query)]
+            events = [storage_format.decode_event(int(f), p) for f, p in tuples(query)]
             if not events:
                 return
             yield from events
@@ -968,7 +985,3 @@ def _tool_ref(event: pb.Event) -> str | None:
     if message.tool_calls:
         return "c:" + "\n".join(call.id for call in message.tool_calls)
     return None
-
-
-def _event(payload: bytes) -> pb.Event:
-    return pb.Event.FromString(bytes(payload))

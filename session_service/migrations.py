@@ -208,7 +208,22 @@ def fork_lineage(schema: Schema) -> None:
     schema.create_tables(LineageV5)
 
 
-MIGRATIONS = (baseline, request_records, projection_summaries, active_markers, fork_lineage)
+def storage_formats(schema: Schema) -> None:
+    """Log and snapshot rows name the storage format of their bytes (`storage_format`):
+    every row so far is format 1, the encoding of the session.v1 messages."""
+    for table in ("session_log", "session_snapshot"):
+        column = peewee.SmallIntegerField(default=1)
+        schema.run(schema.migrator.add_column(table, "format", column))
+
+
+MIGRATIONS = (
+    baseline,
+    request_records,
+    projection_summaries,
+    active_markers,
+    fork_lineage,
+    storage_formats,
+)
 
 SESSION_SCHEMA = Component(
     name="session",

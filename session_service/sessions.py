@@ -336,13 +336,13 @@ class Sessions:
         state = self.store.session_state(session_id)
         assert state is not None
         sequence = state.session.last_sequence
-        self.store.save_snapshot(session_entity(session_id), sequence, state.SerializeToString())
+        self.store.save_snapshot(session_entity(session_id), sequence, state)
         return sequence
 
     def _snapshot_agent(self, name: str) -> None:
         agent = self.store.agent_state(name)
         assert agent is not None
-        self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent.SerializeToString())
+        self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent)
 
     def notify_watchers(self) -> None:
         self.watching.notify()

@@ -329,9 +329,7 @@ class TimeTravel:
             session = state.session
             # The state is at hand, and the index says it is snapshotted: without the
             # snapshot, reads after many rewinds would replay the whole active log.
-            self.store.save_snapshot(
-                session_entity(session_id), session.last_sequence, state.SerializeToString()
-            )
+            self.store.save_snapshot(session_entity(session_id), session.last_sequence, state)
             self.store.put_session_index(
                 SessionIndex(
                     session_id=session_id,
@@ -359,7 +357,7 @@ class TimeTravel:
         if agent is None:
             self.store.delete_agent_index(name)  # created after the cut
             return
-        self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent.SerializeToString())
+        self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent)
         self.store.put_agent_index(
             AgentIndex(
                 name=name,

@@ -99,6 +99,14 @@ def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) 
         _drop_row_scope(database)
         _drop_projection_summaries(database)
         _drop_active_markers(database)
+        _drop_storage_formats(database)
+
+
+def _drop_storage_formats(database: Any) -> None:
+    """Log and snapshot rows as they were before they named their format (migration 6)."""
+    migrator = SchemaMigrator.from_database(database)
+    for table in ("session_log", "session_snapshot"):
+        migrate(migrator.drop_column(table, "format"))
 
 
 def _drop_projection_summaries(database: Any) -> None:

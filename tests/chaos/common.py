@@ -24,6 +24,7 @@ import grpc
 import psycopg2
 import pytest
 
+from session_service import storage_format
 from switchboard.session.v1 import session_service_pb2 as spb
 from tests.harness import ServerProcess
 
@@ -133,10 +134,10 @@ def sqlite_integrity(url: str) -> str:
 def session_log(url: str) -> tuple[int, list[spb.Event]]:
     """The log head counter and every logged event, in sequence order."""
     [(head,)] = sql(url, "SELECT seq FROM session_log_head WHERE id = 1")
-    rows = sql(url, "SELECT seq, kind, payload FROM session_log ORDER BY seq")
+    rows = sql(url, "SELECT seq, kind, format, payload FROM session_log ORDER BY seq")
     events = []
-    for seq, kind, payload in rows:
-        event = spb.Event.FromString(bytes(payload))
+    for seq, kind, fmt, payload in rows:
+        event = storage_format.decode_event(int(fmt), payload)
         assert (event.sequence, event.WhichOneof("body")) == (seq, kind), f"row {seq} vs payload"
         events.append(event)
     return int(head), events

@@ -248,9 +248,9 @@ def test_the_holder_survives_a_restart_snapshots_and_a_rebuild(
         assert [(s.session_id, s.resume_holder) for s in listed] == [(session_id, holder)]
         store: Any = after.unit.store
         with store.database.connection_context():
-            snapshot = store.latest_snapshot(f"session:{session_id}")
+            snapshot = store.latest_snapshot(f"session:{session_id}", pb.SessionState)
             assert snapshot is not None
-            assert pb.SessionState.FromString(snapshot[1]).session.resume_holder == holder
+            assert snapshot[1].session.resume_holder == holder
             store.delete_snapshots()
         report = recovery.rebuild(after.unit.sessions)
         assert not report.differed, report.differences
