@@ -412,7 +412,8 @@ class LedgerStore:
         if not deliverable:
             return []
         obl = self.Obligation
-        size = self._octets(obl.content) + self._octets(obl.metadata) + ROW_OVERHEAD_BYTES
+        octets = self.backend.octet_length
+        size = octets(obl.content) + octets(obl.metadata) + ROW_OVERHEAD_BYTES
         claimable = self._claimable_by(now, gateway_name, agents)
         query = (
             obl.select(obl.id, obl.state, obl.fence, size.alias("size"))
@@ -427,12 +428,6 @@ class LedgerStore:
         # read would sit ATTEMPTING under it until its lease ends.
         kept = pagination.fitting(int(size) for *_, size in rows)
         return [(row_id, state, int(fence)) for row_id, state, fence, _ in rows[:kept]]
-
-    def _octets(self, column: peewee.Field) -> Any:
-        """A text column's length in bytes (SQLite's LENGTH counts characters)."""
-        if isinstance(self.backend.database, peewee.SqliteDatabase):
-            return fn.LENGTH(column.cast("BLOB"))
-        return fn.OCTET_LENGTH(column)
 
     def claim(
         self,

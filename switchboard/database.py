@@ -122,6 +122,10 @@ class Backend(Protocol):
     #: Counts the statements sent through this backend (see `StatementCounter`).
     statements: StatementCounter
 
+    def octet_length(self, column: Any) -> Any:
+        """SQL for a text column's length in bytes (SQLite's LENGTH counts characters)."""
+        ...
+
     @property
     def database(self) -> peewee.Database: ...
 

@@ -254,6 +254,9 @@ class PostgresBackend:
     for_update = " FOR UPDATE"
     skip_locked = True
 
+    def octet_length(self, column: Any) -> Any:
+        return peewee.fn.OCTET_LENGTH(column)
+
     def __init__(self, url: str, settings: DatabaseSettings) -> None:
         parsed = urlparse(url)
         options: dict[str, Any] = {

@@ -55,6 +55,9 @@ class SqliteBackend:
     # SQLite has one writer at a time; a second writer thread would only wait.
     writer_threads = 1
 
+    def octet_length(self, column: Any) -> Any:
+        return peewee.fn.LENGTH(column.cast("BLOB"))
+
     def __init__(self, path: str, settings: DatabaseSettings) -> None:
         self.path = path
         self.busy_timeout_ms = settings.busy_timeout_ms
