@@ -131,6 +131,12 @@ class Backend(Protocol):
 
     def write_transaction(self) -> AbstractContextManager[Any]: ...
 
+    def read_snapshot(self) -> AbstractContextManager[Any]:
+        """A read-only transaction whose statements all see one committed state: for
+        reads of several statements (a snapshot and the events after it, say), which a
+        commit between two of them must not tear."""
+        ...
+
     def migration_lock(self, key: int) -> AbstractContextManager[Any]:
         """A write transaction that first takes the schema lock `key` (one per
         component), held until it ends: concurrent starters wait, then see the

@@ -13,7 +13,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -39,6 +39,10 @@ def _driver_errors_wrapped() -> Any:
     """peewee's context manager that re-raises driver errors as peewee's own."""
     module: Any = peewee
     return module.__exception_wrapper__
+
+
+#: Begins `PostgresBackend.read_snapshot`'s transaction.
+_BEGIN_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 
 
 class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc]
@@ -95,6 +99,11 @@ class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc
             with _driver_errors_wrapped():
                 cursor.execute(prefix)
         return cursor
+
+    def end_read_only(self) -> None:
+        """Ends a read-only transaction begun outside peewee's (`read_snapshot`)."""
+        if not self.is_closed():
+            self._end("COMMIT")
 
     def commit(self) -> None:
         if self.undefer("BEGIN"):
@@ -290,6 +299,22 @@ class PostgresBackend:
     def write_transaction(self) -> AbstractContextManager[Any]:
         transaction: AbstractContextManager[Any] = self.database.atomic()
         return transaction
+
+    @contextmanager
+    def read_snapshot(self) -> Iterator[None]:
+        # Sent with the first statement, like BEGIN; a snapshot taken at that statement
+        # holds for the rest. Read-only: nothing to commit, but the transaction must end.
+        database = self.database
+        database.defer(_BEGIN_SNAPSHOT)
+        try:
+            yield
+        except BaseException:
+            if not database.undefer(_BEGIN_SNAPSHOT):
+                with suppress(Exception):  # the read's own error is the one to report
+                    database.end_read_only()
+            raise
+        if not database.undefer(_BEGIN_SNAPSHOT):
+            database.end_read_only()
 
     @contextmanager
     def migration_lock(self, key: int) -> Iterator[None]:

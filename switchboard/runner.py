@@ -150,8 +150,11 @@ class TransactionRunner:
         self._enqueue(_WriteOp(idempotency.guard_pending(op), future))
         return future
 
-    def submit_read(self, op: Callable[[], T]) -> Future[T]:
-        return self._readers.submit(self._read, op, contextvars.copy_context(), CALL_DEADLINE.get())
+    def submit_read(self, op: Callable[[], T], consistent: bool = False) -> Future[T]:
+        """`consistent`: run `op` in one read snapshot (`Backend.read_snapshot`), for
+        reads of several statements that a concurrent commit must not tear."""
+        context, deadline = contextvars.copy_context(), CALL_DEADLINE.get()
+        return self._readers.submit(self._read, op, context, deadline, consistent)
 
     async def write(self, op: Callable[[float], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -159,8 +162,8 @@ class TransactionRunner:
         self._enqueue(_WriteOp(idempotency.guard_pending(op), future, loop))
         return await future
 
-    async def read(self, op: Callable[[], T]) -> T:
-        return await asyncio.wrap_future(self.submit_read(op))
+    async def read(self, op: Callable[[], T], consistent: bool = False) -> T:
+        return await asyncio.wrap_future(self.submit_read(op, consistent))
 
     def probe(self) -> None:
         """Raises `Unavailable` unless the database answers now (health checking).
@@ -259,13 +262,19 @@ class TransactionRunner:
 
     # -- reads ------------------------------------------------------------------------------
 
-    def _read(self, op: Callable[[], T], context: contextvars.Context, deadline: float | None) -> T:
+    def _read(
+        self,
+        op: Callable[[], T],
+        context: contextvars.Context,
+        deadline: float | None,
+        consistent: bool = False,
+    ) -> T:
         for attempt in (1, 2):
             expired = _expired(deadline)
             if expired is not None:
                 raise expired
             try:
-                with self._connected():
+                with self._connected(), self._snapshot(consistent):
                     return context.run(op)
             except DomainError:
                 raise
@@ -277,6 +286,9 @@ class TransactionRunner:
                     raise fault from exc
                 log.warning("a read lost its database connection (%s); retrying once", exc)
         raise AssertionError("unreachable")
+
+    def _snapshot(self, consistent: bool) -> contextlib.AbstractContextManager[Any]:
+        return self.backend.read_snapshot() if consistent else contextlib.nullcontext()
 
     # -- writes -----------------------------------------------------------------------------
 

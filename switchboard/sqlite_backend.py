@@ -143,6 +143,12 @@ class SqliteBackend:
         # say so instead of acknowledging it.
         self.file.check()
 
+    def read_snapshot(self) -> AbstractContextManager[Any]:
+        # A deferred transaction reads one WAL snapshot from its first statement on,
+        # and takes no write lock.
+        transaction: AbstractContextManager[Any] = self.database.atomic("DEFERRED")
+        return transaction
+
     def migration_lock(self, key: int) -> AbstractContextManager[Any]:
         # The file has one write lock; IMMEDIATE takes it before the first read.
         del key

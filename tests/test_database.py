@@ -81,3 +81,37 @@ def test_group_commit_rolls_back_only_the_refused_operation(database_url: str) -
         assert stored == ["a", "c", "e"]
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("consistent", [True, False])
+def test_a_consistent_read_sees_one_committed_state_across_its_statements(
+    database_url: str, consistent: bool
+) -> None:
+    """A read of several statements with `consistent` is not torn by a commit between
+    them (and without it, it is: the control that shows the probe can see a commit)."""
+    settings = DatabaseSettings(url=database_url)
+    backend = open_backend(settings)
+    database: Any = backend.database
+    with database.connection_context():
+        database.execute_sql("CREATE TABLE snapshot_probe (n INTEGER)")
+        database.execute_sql("INSERT INTO snapshot_probe (n) VALUES (1)")
+    runner = TransactionRunner(backend, settings)
+
+    def count() -> int:
+        return int(database.execute_sql("SELECT COUNT(*) FROM snapshot_probe").fetchone()[0])
+
+    def insert(_now: float) -> None:
+        database.execute_sql("INSERT INTO snapshot_probe (n) VALUES (2)")
+
+    def read_around_a_commit() -> tuple[int, int]:
+        first = count()
+        runner.submit_write(insert).result(timeout=30)  # commits on the writer's connection
+        return first, count()
+
+    try:
+        first, second = runner.submit_read(read_around_a_commit, consistent).result(timeout=30)
+        after = runner.submit_read(count).result(timeout=30)
+    finally:
+        runner.close()
+    assert first == 1 and after == 2
+    assert second == (1 if consistent else 2)
