@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,19 +40,17 @@ class DiesFinishingTheTurn(Gateway):
 
     def __init__(self, *args: Any, after_append: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.after_append = after_append
+        append = self.sessions.append
 
-    def _finish_turn(
-        self,
-        session_id: str,
-        reply: str,
-        inbox: Sequence[pb.QueuedMessage],
-        inbox_through: int,
-    ) -> None:
-        if self.after_append:
+        def finishing(*append_args: Any, **append_kwargs: Any) -> Any:
+            # The turn's only append is the one finishing it, after MarkDelivered.
+            if not after_append:
+                raise ProcessDied
+            answer = append(*append_args, **append_kwargs)
             self.sessions.mark_resumable = _dies  # type: ignore[method-assign]
-            super()._finish_turn(session_id, reply, inbox, inbox_through)
-        raise ProcessDied
+            return answer
+
+        self.sessions.append = finishing  # type: ignore[method-assign]
 
 
 def _dies(*_args: Any, **_kwargs: Any) -> Any:

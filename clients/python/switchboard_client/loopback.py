@@ -8,7 +8,7 @@ import signal
 import threading
 from dataclasses import dataclass, field
 
-from switchboard_client.gateway import SendFailed
+from switchboard_client.adapters import SendFailed
 
 
 @dataclass
