@@ -25,7 +25,16 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from switchboard_client._core import Call, GatewayRules, Inbound, Steps, T, Turn, drive_async
+from switchboard_client._core import (
+    Call,
+    GatewayRules,
+    Inbound,
+    Steps,
+    T,
+    Turn,
+    drive_async,
+    log,
+)
 from switchboard_client.adapters import AsyncPlatformAdapter, PlatformAdapter
 from switchboard_client.aio import AsyncDeliveryClient, AsyncSessionClient
 
@@ -155,7 +164,10 @@ class AsyncGateway:
             while True:
                 # The period is read each time: a caller may change it on a running gateway.
                 await asyncio.sleep(period_s())
-                await self._run(rule())
+                try:
+                    await self._run(rule())
+                except Exception:  # the rules log the expected failures; keep beating
+                    log.exception("gateway %s: the %s step failed", self.name, name)
 
         self._tasks.append(asyncio.create_task(loop(), name=f"gateway-{name}"))
 
@@ -169,4 +181,4 @@ async def _call_either(function: Callable[..., Any], *args: Any) -> Any:
     return await answer if inspect.isawaitable(answer) else answer
 
 
-__all__ = ["AsyncAgentCallback", "AsyncGateway"]
+__all__ = ["AsyncAgentCallback", "AsyncGateway", "Inbound", "Turn"]

@@ -24,6 +24,7 @@ from switchboard_client._core import (
     T,
     Turn,
     drive,
+    log,
 )
 from switchboard_client.adapters import PlatformAdapter, SendFailed
 from switchboard_client.delivery import DeliveryClient
@@ -169,12 +170,20 @@ class Gateway:
         self._threads.append(thread)
 
     def _heartbeats(self) -> None:
-        while not self._stop.wait(self.heartbeat_s):
-            self._run(self.rules.heartbeat())
+        self._every(lambda: self.heartbeat_s, self.rules.heartbeat, "heartbeat")
 
     def _periodic_claims(self) -> None:
-        while not self._stop.wait(self.claim_every_s):
-            self._run(self.rules.periodic_claim())
+        self._every(lambda: self.claim_every_s, self.rules.periodic_claim, "claims")
+
+    def _every(
+        self, period_s: Callable[[], float], rule: Callable[[], Steps[None]], name: str
+    ) -> None:
+        # The period is read each time: a caller may change it on a running gateway.
+        while not self._stop.wait(period_s()):
+            try:
+                self._run(rule())
+            except Exception:  # the rules log the expected failures; keep going
+                log.exception("gateway %s: the %s step failed", self.name, name)
 
 
 __all__ = [
