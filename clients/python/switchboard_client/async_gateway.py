@@ -126,6 +126,22 @@ class AsyncGateway:
         """Claims what is owed (dead instances' rows, due retries) and redelivers it."""
         return await self._run(self.rules.recover(platforms))
 
+    async def deliver(
+        self,
+        session_key: str,
+        message_ref: str,
+        content: str,
+        platform: str,
+        chat_id: str,
+        thread_id: str = "",
+        metadata: dict[str, str] | None = None,
+    ) -> bool:
+        """Records a reply as owed, then sends it (False: another instance owes it)."""
+        steps = self.rules.deliver(
+            session_key, message_ref, content, platform, chat_id, thread_id, metadata
+        )
+        return await self._run(steps)
+
     # -- the driver ------------------------------------------------------------------------
 
     async def _run(self, steps: Steps[T]) -> T:
