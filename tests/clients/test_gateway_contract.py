@@ -330,3 +330,25 @@ def test_async_gateway_runs_blocking_callbacks_and_adapters_off_the_loop(
         assert asyncio.run(run()) == "answer to hello"
         assert platform.sent == [("chat-1", "answer to hello")]
         assert threads["agent"] != threads["loop"] and threads["send"] != threads["loop"]
+
+
+def test_an_inbound_event_delivered_twice_to_one_instance_is_answered_once(
+    services: Services,
+) -> None:
+    """Platforms redeliver events they got no quick answer for (Slack retries, a
+    Telegram getUpdates offset not yet committed). Before this test the same
+    instance sent the same reply again: its row was DELIVERED, but it held it."""
+    platform = Minimal()
+    gateway = _gateway(services, platform, lambda turn: "the same reply")
+    gateway.start()
+    try:
+        for _ in range(2):
+            assert gateway.handle(Inbound(DM, "hello", message_ref="ev-1")) == "the same reply"
+    finally:
+        gateway.stop()
+    assert platform.sent == [("chat-1", "the same reply")]
+    [row] = list(services.ledger.list())
+    assert row.state == dpb.OBLIGATION_STATE_DELIVERED
+    [session] = list(services.sessions.list_sessions("main"))
+    assert not session.resume_pending, "the repeated turn was finished too"
+    assert list(services.sessions.state("main", session.session_id).state.inbox) == []

@@ -56,6 +56,10 @@ OWED = (
     dpb.OBLIGATION_STATE_FAILED,
 )
 
+#: A row this instance recorded just now (begin_attempt: ATTEMPTING): send it.
+_SENDABLE = (dpb.OBLIGATION_STATE_PENDING, dpb.OBLIGATION_STATE_ATTEMPTING)
+_SETTLED = (dpb.OBLIGATION_STATE_DELIVERED, dpb.OBLIGATION_STATE_ABANDONED)
+
 
 @dataclass(frozen=True)
 class Inbound:
@@ -421,8 +425,11 @@ class GatewayRules:
     ) -> Steps[bool]:
         """Records the reply as owed, then sends it; the ledger never blocks the send.
 
-        False when this very reply was recorded before by another instance: it is
-        delivered already, or owed by that instance and redelivered by a claim.
+        Sends only a row this call put into ATTEMPTING under this instance. False
+        when this very reply was recorded before and someone else finishes its turn:
+        another instance (it is delivered, or owed and redelivered by a claim), or
+        the claim retrying this instance's failed send. True, without sending, when
+        this instance delivered or abandoned it before (a retried inbound event).
         """
         if platform not in self.adapters:
             raise KeyError(f"no platform adapter named {platform!r}")
@@ -439,16 +446,18 @@ class GatewayRules:
             begin_attempt=True,
         )
         row: dpb.Obligation | None = recorded.obligation if recorded is not None else None
-        if row is not None and row.owner_instance_id != self.instance_id:
-            log.info(
-                "reply %s is recorded already (%s); not sending it again",
-                row.id,
-                dpb.ObligationState.Name(row.state),
-            )
-            return False
-        key = row.id if row else ""
-        yield from self._send(platform, row, chat_id, thread_id, content, key)
-        return True
+        if row is None or (row.owner_instance_id == self.instance_id and row.state in _SENDABLE):
+            yield from self._send(platform, row, chat_id, thread_id, content, row.id if row else "")
+            return True
+        log.info(
+            "reply %s is recorded already (%s); not sending it again",
+            row.id,
+            dpb.ObligationState.Name(row.state),
+        )
+        # This instance settled it before (the platform redelivered the inbound
+        # event): the turn is ours to finish. Otherwise whoever holds it, or the
+        # claim that retries it, finishes the turn when the reply goes out.
+        return row.owner_instance_id == self.instance_id and row.state in _SETTLED
 
     def recover(self, platforms: Sequence[str] | None = None) -> Steps[int]:
         """Claims what is owed (dead instances' rows, due retries) and redelivers it."""
