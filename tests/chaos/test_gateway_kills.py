@@ -9,6 +9,9 @@ resume fresh turns). Checked per kill, against what reached the platform:
 - a reply goes out twice only if its row was in flight at the kill (recorded,
   not yet marked delivered), and the second send carries RECOVERED_MARKER;
 - every claimed redelivery carries the marker.
+
+Each test runs on both gateways: the killed processes and the rescuer are
+threaded `Gateway`s, or `AsyncGateway`s.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from pathlib import Path
 
 import pytest
 from switchboard_client import DeliveryClient, SessionClient
-from switchboard_client.gateway import RECOVERED_MARKER, Gateway, Turn
+from switchboard_client.gateway import RECOVERED_MARKER, Turn
 from switchboard_client.loopback import LoopbackPlatform
 
 from delivery_service.state_machine import LedgerLimits
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from tests.chaos.common import DEADLINE, ROOT, ROUNDS, Processes, seeded, wait_for
-from tests.chaos.gateway_process import answer
+from tests.chaos.gateway_process import CLAIM_EVERY_S, HEARTBEAT_S, NAME, answer
+from tests.clients.gateway_drivers import KINDS, make_gateway
 from tests.harness import EventLoopThread, delivery_server, session_server
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, DEADLINE]
@@ -83,10 +87,14 @@ class Services:
     ledger: DeliveryClient
     session_address: str
     delivery_address: str
+    #: "threaded" or "async": the gateways killed and the one rescuing.
+    kind: str
 
 
-@pytest.fixture
-def services(database_url: str, loop_thread: EventLoopThread) -> Iterator[Services]:
+@pytest.fixture(params=KINDS)
+def services(
+    database_url: str, loop_thread: EventLoopThread, request: pytest.FixtureRequest
+) -> Iterator[Services]:
     limits = LedgerLimits(lease_ttl_s=LEASE_TTL_S, backoff_s=(0.2,))
     with (
         session_server(loop_thread, database_url) as session,
@@ -95,7 +103,7 @@ def services(database_url: str, loop_thread: EventLoopThread) -> Iterator[Servic
         DeliveryClient(delivery.address) as ledger,
     ):
         sessions.create_agent("main")
-        yield Services(sessions, ledger, session.address, delivery.address)
+        yield Services(sessions, ledger, session.address, delivery.address, request.param)
 
 
 def echo(turn: Turn) -> str:
@@ -133,6 +141,7 @@ def _start_gateway(
                 tag,
                 "500",
                 str(seed),
+                *(["--async"] if services.kind == "async" else []),
             ],
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -204,15 +213,16 @@ def _kill_round(
     crashed = [sent for tag in tags for sent in _read_sends(files[tag])]
 
     platform = LoopbackPlatform()
-    rescuer = Gateway(
-        "chaos-gateway",  # the killed gateways' bot, started again
+    rescuer = make_gateway(
+        services.kind,
+        NAME,  # the killed gateways' bot, started again
         "main",
-        services.sessions,
-        services.ledger,
+        (services.session_address, services.delivery_address),
         [platform],
         echo,
-        heartbeat_s=0.2,
-        claim_every_s=3600,
+        clients=(services.sessions, services.ledger),
+        heartbeat_s=HEARTBEAT_S,
+        claim_every_s=CLAIM_EVERY_S,
     )
     rescuer.start()  # claims what is claimable already, then resumes fresh turns
     try:

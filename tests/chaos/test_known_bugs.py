@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from switchboard_client.loopback import LoopbackPlatform
 from delivery_service.state_machine import LedgerLimits
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
+from tests.clients.gateway_drivers import KINDS, AnyGateway, make_gateway
 from tests.harness import EventLoopThread, delivery_server, session_server
 
 pytestmark = [pytest.mark.chaos]
@@ -40,19 +41,17 @@ class DiesFinishingTheTurn(Gateway):
 
     def __init__(self, *args: Any, after_append: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.after_append = after_append
+        append = self.sessions.append
 
-    def _finish_turn(
-        self,
-        session_id: str,
-        reply: str,
-        inbox: Sequence[pb.QueuedMessage],
-        inbox_through: int,
-    ) -> None:
-        if self.after_append:
+        def finishing(*append_args: Any, **append_kwargs: Any) -> Any:
+            # The turn's only append is the one finishing it, after MarkDelivered.
+            if not after_append:
+                raise ProcessDied
+            answer = append(*append_args, **append_kwargs)
             self.sessions.mark_resumable = _dies  # type: ignore[method-assign]
-            super()._finish_turn(session_id, reply, inbox, inbox_through)
-        raise ProcessDied
+            return answer
+
+        self.sessions.append = finishing  # type: ignore[method-assign]
 
 
 def _dies(*_args: Any, **_kwargs: Any) -> Any:
@@ -72,6 +71,7 @@ class Clients:
     sessions: SessionClient
     ledger: DeliveryClient
     session_address: str
+    delivery_address: str
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def clients(database_url: str, loop_thread: EventLoopThread) -> Iterator[Clients
         DeliveryClient(delivery.address) as ledger,
     ):
         sessions.create_agent("main")
-        yield Clients(sessions, ledger, session.address)
+        yield Clients(sessions, ledger, session.address, delivery.address)
 
 
 def _gateway(clients: Clients, platform: LoopbackPlatform, agent: Any = echo) -> Gateway:
@@ -92,6 +92,18 @@ def _gateway(clients: Clients, platform: LoopbackPlatform, agent: Any = echo) ->
         "gw", "main", clients.sessions, clients.ledger, [platform], agent,
         heartbeat_s=0.2, claim_every_s=3600,
     )  # fmt: skip
+
+
+def _booting(clients: Clients, kind: str, platform: LoopbackPlatform) -> AnyGateway:
+    """The gateway that boots while (or after) another one runs a turn, of `kind`."""
+    return make_gateway(
+        kind, "gw", "main", (clients.session_address, clients.delivery_address), [platform],
+        echo, clients=(clients.sessions, clients.ledger), heartbeat_s=0.2, claim_every_s=3600,
+    )  # fmt: skip
+
+
+#: The booting gateway's resume rules hold on both gateways.
+both = pytest.mark.parametrize("kind", KINDS)
 
 
 def _crash(gateway: Gateway) -> None:
@@ -148,7 +160,8 @@ def test_a_turn_delivered_before_the_crash_is_not_sent_again(
     ]
 
 
-def test_a_booting_gateway_does_not_rerun_a_live_gateways_turn(clients: Clients) -> None:
+@both
+def test_a_booting_gateway_does_not_rerun_a_live_gateways_turn(clients: Clients, kind: str) -> None:
     """Before d11aa91: the booting gateway re-ran the turn in resume_interrupted (the
     mark did not say whose turn it was), and the user got two replies."""
     thinking, answer_now = threading.Event(), threading.Event()
@@ -161,7 +174,7 @@ def test_a_booting_gateway_does_not_rerun_a_live_gateways_turn(clients: Clients)
     live_platform, booting_platform = LoopbackPlatform(), LoopbackPlatform()
     live = _gateway(clients, live_platform, slow_agent)
     live.start()
-    booting = _gateway(clients, booting_platform)
+    booting = _booting(clients, kind, booting_platform)
     turn = threading.Thread(target=live.handle, args=(Inbound(DM, "hello", message_ref="m-1"),))
     turn.start()
     try:
@@ -197,8 +210,9 @@ def _died_mid_turn(clients: Clients, chat_id: str, text: str) -> str:
     return session.session_id
 
 
+@both
 def test_a_booting_gateway_does_not_rerun_a_turn_another_gateway_resumed(
-    clients: Clients,
+    clients: Clients, kind: str
 ) -> None:
     """Before this test: a resumed turn kept the dead holder's mark, so a gateway booting
     while it ran (waiting for the model) took it for an orphan and answered it too."""
@@ -212,7 +226,7 @@ def test_a_booting_gateway_does_not_rerun_a_turn_another_gateway_resumed(
 
     resuming_platform, booting_platform = LoopbackPlatform(), LoopbackPlatform()
     resuming = _gateway(clients, resuming_platform, slow_agent)
-    booting = _gateway(clients, booting_platform)
+    booting = _booting(clients, kind, booting_platform)
     boot = threading.Thread(target=resuming.start)  # resumes the dead instance's turn
     boot.start()
     try:
@@ -231,8 +245,9 @@ def test_a_booting_gateway_does_not_rerun_a_turn_another_gateway_resumed(
     assert [s.text for s in booting_platform.sent] == [], "the user got the reply twice"
 
 
+@both
 def test_a_message_stored_before_the_crash_is_answered_after_the_restart(
-    clients: Clients,
+    clients: Clients, kind: str
 ) -> None:
     """A crash right after PostToInbox: the stored message is answered after the restart.
 
@@ -262,7 +277,7 @@ def test_a_message_stored_before_the_crash_is_answered_after_the_restart(
     assert session.resume_holder == crashed.instance_id
 
     platform = LoopbackPlatform()
-    restarted = _gateway(clients, platform)
+    restarted = _booting(clients, kind, platform)
     # A restart quicker than the lease: the crashed instance still looks live, so its
     # turn is deferred, and resumed by the periodic look once its lease has run out.
     restarted.start()

@@ -1,4 +1,8 @@
-"""The reference gateway end to end: real services, the loopback platform."""
+"""The reference gateways end to end: real services, the loopback platform.
+
+Each test of a gateway runs on both: the threaded `Gateway` and `AsyncGateway`
+(grpc.aio clients, async platform calls; tests/clients/gateway_drivers.py).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from switchboard_client import DeliveryClient, SessionClient
@@ -19,6 +24,7 @@ from delivery_service.state_machine import LedgerLimits
 from switchboard.auth import parse_tokens
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
+from tests.clients.gateway_drivers import KINDS, AnyGateway, make_gateway
 from tests.harness import EventLoopThread, delivery_server, session_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,10 +37,22 @@ class Services:
     ledger: DeliveryClient
     session_address: str
     delivery_address: str
+    #: Which gateway the test runs on: "threaded" or "async".
+    kind: str
+
+
+#: Runs a test on both gateways (it overrides the `kind` fixture).
+both = pytest.mark.parametrize("kind", KINDS)
 
 
 @pytest.fixture
-def services(database_url: str, loop_thread: EventLoopThread) -> Iterator[Services]:
+def kind() -> str:
+    """The threaded gateway, for tests of what only it drives (the transports)."""
+    return "threaded"
+
+
+@pytest.fixture
+def services(database_url: str, loop_thread: EventLoopThread, kind: str) -> Iterator[Services]:
     # A killed gateway is dead within a second; a failed send is retried 0.2 s later.
     limits = LedgerLimits(lease_ttl_s=1.0, backoff_s=(0.2,))
     with (
@@ -44,21 +62,22 @@ def services(database_url: str, loop_thread: EventLoopThread) -> Iterator[Servic
         DeliveryClient(delivery.address) as ledger,
     ):
         sessions.create_agent("main")
-        yield Services(sessions, ledger, session.address, delivery.address)
+        yield Services(sessions, ledger, session.address, delivery.address, kind)
 
 
 def echo(turn: Turn) -> str:
     return f"answer to {turn.state.state.inbox[-1].message.content}"
 
 
-def _gateway(services: Services, platform: LoopbackPlatform) -> Gateway:
-    return Gateway(
+def _gateway(services: Services, platform: Any) -> AnyGateway:
+    return make_gateway(
+        services.kind,
         "test-gateway",
         "main",
-        services.sessions,
-        services.ledger,
+        (services.session_address, services.delivery_address),
         [platform],
         echo,
+        clients=(services.sessions, services.ledger),
         heartbeat_s=0.2,
         claim_every_s=3600,
     )
@@ -72,6 +91,7 @@ def _history(services: Services) -> list[tuple[int, str]]:
     return [(q.message.role, q.message.content) for q in messages]
 
 
+@both
 def test_a_full_conversation(services: Services) -> None:
     platform = LoopbackPlatform()
     gateway = _gateway(services, platform)
@@ -94,6 +114,7 @@ def test_a_full_conversation(services: Services) -> None:
 
 
 def _crash_mid_send(services: Services, *flags: str) -> dpb.Obligation:
+    """A gateway process of the test's kind dies in its platform send (SIGKILL)."""
     command = [
         sys.executable,
         "-m",
@@ -101,6 +122,7 @@ def _crash_mid_send(services: Services, *flags: str) -> dpb.Obligation:
         services.session_address,
         services.delivery_address,
         *flags,
+        *(["--async"] if services.kind == "async" else []),
     ]
     crashed = subprocess.run(
         command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
@@ -124,6 +146,7 @@ def _recover(services: Services, platform: LoopbackPlatform) -> None:
         rescuer.stop()
 
 
+@both
 def test_a_gateway_killed_mid_send_is_recovered_with_the_marker(services: Services) -> None:
     owed = _crash_mid_send(services)
     platform = LoopbackPlatform()
@@ -137,6 +160,7 @@ def test_a_gateway_killed_mid_send_is_recovered_with_the_marker(services: Servic
     assert list(services.sessions.list_resumable("main").sessions) == []
 
 
+@both
 def test_an_idempotent_platform_gets_the_recovered_reply_without_marker(
     services: Services,
 ) -> None:
@@ -147,6 +171,7 @@ def test_an_idempotent_platform_gets_the_recovered_reply_without_marker(
     assert services.ledger.get(owed.id).state == dpb.OBLIGATION_STATE_DELIVERED
 
 
+@both
 def test_periodic_claims_retry_a_failed_send(services: Services) -> None:
     platform = LoopbackPlatform(mode="fail")
     gateway = _gateway(services, platform)
@@ -164,6 +189,7 @@ def test_periodic_claims_retry_a_failed_send(services: Services) -> None:
     assert [s.text for s in platform.sent] == [RECOVERED_MARKER + "answer to hello"]
 
 
+@both
 def test_a_platform_down_during_recovery_keeps_its_budget(services: Services) -> None:
     first = _gateway(services, LoopbackPlatform(mode="fail"))
     first.start()
@@ -214,7 +240,10 @@ def test_the_repl_transport(services: Services) -> None:
 
 def test_the_cron_transport_routes_each_job_to_its_own_session(services: Services) -> None:
     platform = LoopbackPlatform()
-    gateway = _gateway(services, platform)
+    gateway = Gateway(
+        "test-gateway", "main", services.sessions, services.ledger, [platform], echo,
+        heartbeat_s=0.2, claim_every_s=3600,
+    )  # fmt: skip
     gateway.start()
     jobs = [
         CronJob("digest", 0.1, "daily digest", "loopback", "ops-channel"),
@@ -236,6 +265,7 @@ def test_the_cron_transport_routes_each_job_to_its_own_session(services: Service
     assert keys == {"agent:main:cron:digest", "agent:main:cron:backup"}
 
 
+@both
 def test_a_platform_that_can_tell_is_asked_instead_of_resending(services: Services) -> None:
     owed = _crash_mid_send(services)
 
@@ -261,8 +291,9 @@ def test_a_platform_that_can_tell_is_asked_instead_of_resending(services: Servic
     assert list(services.sessions.list_resumable("main").sessions) == [], "the turn is finished"
 
 
+@both
 def test_two_bots_with_their_own_tokens_each_recover_only_their_own_replies(
-    database_url: str, loop_thread: EventLoopThread
+    database_url: str, loop_thread: EventLoopThread, kind: str
 ) -> None:
     """Issue 12: two bots on one platform, each with its gateway token. A failed
     reply is redelivered by a new process of the bot that owes it, never the other."""
@@ -277,13 +308,10 @@ def test_two_bots_with_their_own_tokens_each_recover_only_their_own_replies(
     ):
         admin_sessions.create_agent("main")
 
-        def bot(name: str, platform: LoopbackPlatform) -> Gateway:
-            token = chats[name][0]
-            return Gateway(
-                name, "main",
-                SessionClient(session.address, token=token),
-                DeliveryClient(delivery.address, token=token),
-                [platform], echo, heartbeat_s=0.2, claim_every_s=3600,
+        def bot(name: str, platform: LoopbackPlatform) -> AnyGateway:
+            return make_gateway(
+                kind, name, "main", (session.address, delivery.address), [platform], echo,
+                token=chats[name][0], heartbeat_s=0.2, claim_every_s=3600,
             )  # fmt: skip
 
         for name, (_, chat) in chats.items():

@@ -18,16 +18,21 @@ retry them, because neither alone covers a lost answer:
   comes (a black-holed connection, a stalled server) uses the whole deadline and
   DEADLINE_EXCEEDED is final; a per-attempt timeout is not available in every
   client (grpc-js has none).
+
+`BaseClient` (blocking) and `AsyncBaseClient` (grpc.aio, for asyncio gateways)
+share all of it: the channel options, the token, the request-id stamping and
+the attempt schedule; each only performs the waits its own way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import random
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
 
@@ -106,6 +111,40 @@ def _takes_request_id(request: Any) -> bool:
     return descriptor is not None and "request_id" in descriptor.fields_by_name
 
 
+def stamp_request_id(request: Any, request_id: str) -> bool:
+    """Gives a call that writes its request id (the caller's, else a fresh UUID);
+    False for a read, which carries none and is not retried as a new call."""
+    if not _takes_request_id(request):
+        return False
+    request.request_id = request_id or str(uuid.uuid4())
+    return True
+
+
+def attempt_pauses(attempts: int) -> Iterator[float | None]:
+    """One item per attempt of a call that writes: the pause before the next
+    attempt (doubling, with jitter), None for the last one."""
+    pause = MUTATION_BACKOFF_S
+    for _ in range(attempts - 1):
+        yield pause * random.uniform(0.5, 1.0)
+        pause *= 2
+    yield None
+
+
+def retried(error: SwitchboardError, pause: float | None) -> bool:
+    """Whether a failed attempt of a call that writes is tried again (same id)."""
+    return pause is not None and error.code in _RETRIED_WITH_REQUEST_ID
+
+
+def channel_options(config: dict[str, Any]) -> list[tuple[str, Any]]:
+    return [("grpc.service_config", json.dumps(config)), ("grpc.enable_retries", 1)]
+
+
+def bearer(token: str | None) -> tuple[tuple[str, str], ...]:
+    # A bearer token travels as call metadata, so it works on plaintext channels
+    # too (call credentials would demand TLS).
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
 def duration(seconds: float) -> duration_pb2.Duration:
     value = duration_pb2.Duration()
     value.FromNanoseconds(round(seconds * 1e9))
@@ -136,22 +175,12 @@ class BaseClient:
         """
         self.timeout_s = timeout_s
         self.mutation_attempts = max(1, mutation_attempts)
-        # A bearer token travels as call metadata, so it works on plaintext
-        # channels too (call credentials would demand TLS).
-        self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ()
-        )
+        self._metadata = bearer(token)
         self._owns_channel = channel is None
         self._channel = (
             channel
             if channel is not None
-            else grpc.insecure_channel(
-                target,
-                options=[
-                    ("grpc.service_config", json.dumps(config)),
-                    ("grpc.enable_retries", 1),
-                ],
-            )
+            else grpc.insecure_channel(target, options=channel_options(config))
         )
 
     def close(self) -> None:
@@ -186,18 +215,15 @@ class BaseClient:
         a new deadline per attempt.
         """
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        if not _takes_request_id(request):
+        if not stamp_request_id(request, request_id):
             return self._attempt(method, request, timeout)
-        request.request_id = request_id or str(uuid.uuid4())  # type: ignore[attr-defined]
-        pause, last = MUTATION_BACKOFF_S, attempts or self.mutation_attempts
-        for attempt in range(1, last + 1):
+        for pause in attempt_pauses(attempts or self.mutation_attempts):
             try:
                 return self._attempt(method, request, timeout)
             except SwitchboardError as error:
-                if attempt == last or error.code not in _RETRIED_WITH_REQUEST_ID:
+                if not retried(error, pause):
                     raise
-            time.sleep(pause * random.uniform(0.5, 1.0))
-            pause *= 2
+            time.sleep(pause or 0.0)
         raise AssertionError("unreachable")
 
     def _attempt(
@@ -220,6 +246,94 @@ class BaseClient:
         """
         while True:
             page = self._call(method, request)
+            yield page
+            if not page.next_page_token:
+                return
+            request.page_token = page.next_page_token
+
+
+class AsyncBaseClient:
+    """`BaseClient` on a grpc.aio channel: the same deadlines, request ids, retries,
+    token and errors, awaited. Use it from one event loop (the channel's)."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        config: dict[str, Any],
+        timeout_s: float,
+        channel: grpc.aio.Channel | None,
+        token: str | None = None,
+        mutation_attempts: int = MUTATION_ATTEMPTS,
+    ) -> None:
+        """As `BaseClient`; create it inside the running event loop."""
+        self.timeout_s = timeout_s
+        self.mutation_attempts = max(1, mutation_attempts)
+        self._metadata = bearer(token)
+        self._owns_channel = channel is None
+        self._channel = (
+            channel
+            if channel is not None
+            else grpc.aio.insecure_channel(target, options=channel_options(config))
+        )
+
+    async def close(self) -> None:
+        """Closes the channel this client created (not one passed in)."""
+        if self._owns_channel:
+            await self._channel.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def _call(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        timeout_s: float | None = None,
+        *,
+        request_id: str = "",
+        attempts: int | None = None,
+    ) -> _Response:
+        """`BaseClient._call`, awaited."""
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        if not stamp_request_id(request, request_id):
+            return await self._attempt(method, request, timeout)
+        for pause in attempt_pauses(attempts or self.mutation_attempts):
+            try:
+                return await self._attempt(method, request, timeout)
+            except SwitchboardError as error:
+                if not retried(error, pause):
+                    raise
+            await asyncio.sleep(pause or 0.0)
+        raise AssertionError("unreachable")
+
+    async def _attempt(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        timeout: float,
+    ) -> _Response:
+        try:
+            return await method(request, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error) from error
+
+    async def _pages(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[_PageRequestT, _PageT],
+        request: _PageRequestT,
+    ) -> AsyncIterator[_PageT]:
+        """Every page of a list, fetched lazily as iteration goes, filters kept."""
+        while True:
+            page = await self._call(method, request)
             yield page
             if not page.next_page_token:
                 return

@@ -57,8 +57,9 @@ def _rebuild(
 
 def from_rpc_error(error: grpc.RpcError) -> SwitchboardError:
     """Converts what a generated stub raised, reading the rich status details if present."""
-    if not isinstance(error, grpc.Call):
-        # Every RpcError raised by a unary call is also a Call; be safe anyway.
+    if not isinstance(error, grpc.Call | grpc.aio.AioRpcError):
+        # Every RpcError raised by a unary call is also a Call (grpc.aio's are
+        # AioRpcErrors, with the same accessors); be safe anyway.
         return SwitchboardError(grpc.StatusCode.UNKNOWN, str(error))
     code = error.code()
     message = error.details() or ""

@@ -1,14 +1,16 @@
 """A loopback chat platform for tests: it keeps what it was sent, and can be told
-to fail, hang or kill its own process in the middle of a send."""
+to fail, hang or kill its own process in the middle of a send. `AsyncLoopbackPlatform`
+is the same platform for the asyncio gateway."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
 from dataclasses import dataclass, field
 
-from switchboard_client.gateway import SendFailed
+from switchboard_client.adapters import SendFailed
 
 
 @dataclass
@@ -52,3 +54,31 @@ class LoopbackPlatform:
 
     def was_delivered(self, idempotency_key: str) -> str | None:
         return None  # this platform cannot tell; the marker has to say it
+
+
+@dataclass
+class AsyncLoopbackPlatform:
+    """A `LoopbackPlatform` behind async calls, for `AsyncGateway`: the same modes,
+    and what it was sent is in `platform.sent`."""
+
+    platform: LoopbackPlatform
+
+    @property
+    def name(self) -> str:
+        return self.platform.name
+
+    @property
+    def idempotent_sends(self) -> bool:
+        return self.platform.idempotent_sends
+
+    async def connect(self) -> None:
+        self.platform.connect()
+
+    async def send(self, chat_id: str, thread_id: str, text: str, idempotency_key: str) -> str:
+        if self.platform.mode == "hang":
+            await asyncio.to_thread(self.platform.release.wait)  # never block the loop
+        await asyncio.sleep(0)  # a real send yields to the loop on its way out
+        return self.platform.send(chat_id, thread_id, text, idempotency_key)
+
+    async def was_delivered(self, idempotency_key: str) -> str | None:
+        return self.platform.was_delivered(idempotency_key)
