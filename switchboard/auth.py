@@ -265,6 +265,16 @@ class AuthInterceptor(WrappingInterceptor):
             raise _refused("unknown token")
         return grant
 
+    def principal_of(self, metadata: Metadata | None) -> str:
+        """Who a call's metadata authenticates, for the access log: "" with
+        authentication off, "-" for a refused credential."""
+        if not self.tokens:
+            return ""
+        try:
+            return self._grant(metadata).principal
+        except Unauthenticated:
+            return "-"
+
     async def intercept_service(
         self,
         continuation: Callable[
