@@ -44,6 +44,7 @@ ADMIN_ONLY = frozenset(
         "CreateCheckpoint", "TruncateLog", "PruneObligations", "RetryObligation",
         "AbandonObligation",
         "GetLedgerStats", "HandOverObligations",
+        "ListInstances",  # every principal's gateway instances
     }
 )  # fmt: skip
 #: Request fields that name an agent; every one present must be in the token's scope.

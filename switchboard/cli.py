@@ -548,6 +548,7 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
     settings = DatabaseSettings(
         url=database_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"
     )
+    _refuse_missing_sqlite(settings.url, "--database-url or --data-dir")
     backend = open_backend(settings)
     try:
         migrations.prepare(backend, SESSION_SCHEMA)
@@ -560,8 +561,10 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
             task = bar.add_task("replaying the log", total=None)
             report = recovery.rebuild(
                 Sessions(runner, store, SessionLimits()),
-                lambda done, total: bar.update(task, completed=done, total=total),
+                lambda done, total: bar.update(task, completed=done, total=max(done, total)),
             )
+            # The total counted abandoned events too, which are not replayed: done is all.
+            bar.update(task, completed=report.events, total=max(report.events, 1))
     finally:
         runner.close()
     click.echo(f"replayed {report.events} events")
@@ -569,6 +572,20 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
         click.echo(f"  {name}: {count} row(s) differed" if count else f"  {name}: identical")
     if report.differed:
         click.echo("projections were repaired from the log")
+
+
+def _refuse_missing_sqlite(url: str, options: str) -> None:
+    """A command that reads a database must not create an empty one where none was
+    (e.g. run from another directory than `serve`, whose --data-dir is relative)."""
+    if not url.startswith("sqlite:///"):
+        return
+    path = Path(url.removeprefix("sqlite:///").split("?", 1)[0])
+    if not path.exists():
+        raise click.ClickException(
+            f"no database file at {path}: nothing to rebuild. Name the database with "
+            f"{options} (a relative --data-dir is taken from the current directory, "
+            f"{Path.cwd()})"
+        )
 
 
 def _redacted(url: str) -> str:
