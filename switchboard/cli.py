@@ -830,7 +830,7 @@ def _chat(
         except SwitchboardError as missing:
             if missing.code.name != "NOT_FOUND":
                 raise
-            sessions.create_agent(agent)
+            _create_agent(sessions, agent)
         gateway = Gateway("repl", agent, sessions, ledger, [ReplPlatform(sys.stdout)], reply)
         gateway.start()
         interactive = sys.stdin.isatty()
@@ -860,6 +860,21 @@ def _chat(
             click.echo()
         finally:
             gateway.stop()
+
+
+def _create_agent(sessions: Any, agent: str) -> None:
+    from switchboard_client import SwitchboardError
+
+    try:
+        sessions.create_agent(agent)
+    except SwitchboardError as refused:
+        if refused.code.name != "PERMISSION_DENIED":
+            raise
+        raise click.ClickException(
+            f"agent {agent!r} does not exist and this token may not create it "
+            "(PERMISSION_DENIED): create it with an admin token, e.g. "
+            f"`switchboard chat --agent {agent} --token ADMIN_TOKEN` once"
+        ) from None
 
 
 def _chat_failure(error: Any, session_address: str, delivery_address: str) -> str:
