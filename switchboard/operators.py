@@ -442,6 +442,12 @@ def register(session: click.Group, main: click.Group) -> None:
     @click.option(
         "-f", "--follow", is_flag=True, help="Then print events as they are written, until Ctrl-C."
     )
+    @click.option(
+        "--after",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Follow from this sequence on (instead of the latest events).",
+    )
     @click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
     @_session_address
     @_token
@@ -450,26 +456,35 @@ def register(session: click.Group, main: click.Group) -> None:
         agent: str,
         session_id: str,
         follow: bool,
+        after: int | None,
         as_json: bool,
         address: str,
         token: str | None,
     ) -> None:
-        """The latest events of the log (admin token; --follow with an agent token
-        needs --agent), then with --follow the new ones as they commit."""
-        from switchboard_client import SessionClient
+        """The latest events of the log, then with --follow new ones as they commit.
+
+        The latest events need an admin token (the log is every agent's). An agent
+        token follows its agent: --follow --agent NAME, from --after SEQ or from the
+        agent's first event."""
+        from switchboard_client import SessionClient, SwitchboardError
 
         def printed(event: Any) -> None:
             click.echo(MessageToJson(event, indent=None) if as_json else _event_line(event))
 
         with _reported(), SessionClient(address, token=token) as client:
-            after = 0
-            if lines or not follow:
-                latest = _latest_events(client, lines, agent, session_id)
+            if after is None:
+                try:
+                    latest = _latest_events(client, lines, agent, session_id)
+                    head = latest[-1].event.sequence if latest else _head(client)
+                except SwitchboardError as refused:
+                    if not (follow and agent and refused.code.name == "PERMISSION_DENIED"):
+                        raise
+                    click.echo("(reading the latest events needs an admin token: following "
+                               f"{agent}'s events from its first)", err=True)  # fmt: skip
+                    latest, head = [], 0
                 for entry in latest:
                     printed(entry.event)
-                after = latest[-1].event.sequence if latest else _head(client)
-            elif not agent:
-                after = _head(client)
+                after = head
             if not follow:
                 return
             stream = client.watch(after, agent=agent, session_id=session_id)
