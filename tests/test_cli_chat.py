@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 GRANTS = parse_tokens("chat-admin=admin;main-only=agents:main")
 #: A hang guard only: every expectation normally holds within a second.
 PATIENCE_S = 60.0
-BOT = '''
+BOT = """
 def reply(turn):
     text = turn.state.state.inbox[-1].message.content
     return f"mybot heard {text!r} after {len(turn.history)} messages"
-'''
+"""
 
 
 class Terminal:
