@@ -74,15 +74,19 @@ class AccessLog:
     def __init__(self, level: AccessLevel = "all") -> None:
         self.level = level
 
+    def wants(self, method: str, code: str) -> bool:
+        """Whether this call gets a line (checked before its principal is looked up)."""
+        if self.level == "off" or (self.level == "errors" and code == "OK"):
+            return False
+        if code == "UNAUTHENTICATED":
+            return False  # logged by auth, rate limited, so a flood cannot grow the log
+        if code == "OK" and method.startswith(QUIET_PREFIXES):
+            return False  # probes every few seconds would drown the calls that matter
+        return access_log.isEnabledFor(logging.INFO)
+
     def write(
         self, method: str, code: str, seconds: float, request_id: str, principal: str
     ) -> None:
-        if self.level == "off" or (self.level == "errors" and code == "OK"):
-            return
-        if code == "UNAUTHENTICATED":
-            return  # logged by auth, rate limited, so a flood cannot grow the log
-        if code == "OK" and method.startswith(QUIET_PREFIXES):
-            return  # probes every few seconds would drown the calls that matter
         access_log.info(
             "rpc %s %s %.1f ms request_id=%s principal=%s",
             method,
@@ -137,7 +141,7 @@ class ObservabilityInterceptor(WrappingInterceptor):
         code, seconds = _code(context, failed), time.perf_counter() - started
         if self.metrics is not None:
             self.metrics.observe(method, code, seconds)
-        if self.access is not None:
+        if self.access is not None and self.access.wants(method, code):
             principal = self.principal_of(context.invocation_metadata())
             self.access.write(method, code, seconds, rid, principal)
 

@@ -95,9 +95,14 @@ class Terminal:
         os.close(self.master)
 
 
+#: The installed `switchboard` command, as users run it: unlike `python -m`, its
+#: sys.path does not start with the current directory.
+SWITCHBOARD = str(Path(sys.executable).parent / "switchboard")
+
+
 def _chat_argv(session: str, delivery: str, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "switchboard", "--log-level", "WARNING", "chat", "--agent", "main",
+        SWITCHBOARD, "--log-level", "WARNING", "chat", "--agent", "main",
         "--session-address", session, "--delivery-address", delivery, *extra,
     ]  # fmt: skip
 

@@ -84,9 +84,7 @@ def test_log_tail_and_follow(services: Services) -> None:
     assert services.run("log", "tail", "-n", "1", "--agent", "nobody",
                         "--address", services.session) == ""  # fmt: skip
 
-    later = 0
-    for token, lines in (("ops", "1"), ("main-only", "0")):
-        later += 1
+    for later, (token, lines) in enumerate((("ops", "1"), ("main-only", "0")), start=1):
         follow = subprocess.Popen(
             [sys.executable, "-m", "switchboard", "--log-level", "WARNING", "log", "tail",
              "-n", lines, "--follow", "--agent", "main", "--address", services.session,
