@@ -104,7 +104,11 @@ def _log_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.pass_context
 def main(ctx: click.Context, log_level: str | None, log_format: str | None) -> None:
     """Switchboard: session and delivery backbone for AI-agent gateways."""
-    ctx.obj = {"log_level": log_level or "INFO", "log_format": log_format or "json"}
+    ctx.obj = {
+        "log_level": log_level or "INFO",
+        "log_format": log_format or "json",
+        "log_chosen": log_level is not None or log_format is not None,
+    }
     configure_logging(ctx.obj["log_level"], json_format=ctx.obj["log_format"] == "json")
 
 
@@ -779,6 +783,10 @@ def chat(
     """Talk to an agent from the terminal ("/help" lists the commands)."""
     from switchboard_client import SwitchboardError
 
+    chosen = click.get_current_context().find_object(dict) or {}
+    if not chosen.get("log_chosen"):
+        # A person's terminal: the client's warnings as short text lines, no INFO.
+        configure_logging("WARNING", json_format=False)
     reply = _callback(callback) if callback else _echo_agent
     try:
         _chat(agent, session_address, delivery_address, token, conversation, reply)

@@ -102,7 +102,7 @@ SWITCHBOARD = str(Path(sys.executable).parent / "switchboard")
 
 def _chat_argv(session: str, delivery: str, *extra: str) -> list[str]:
     return [
-        SWITCHBOARD, "--log-level", "WARNING", "chat", "--agent", "main",
+        SWITCHBOARD, "chat", "--agent", "main",
         "--session-address", session, "--delivery-address", delivery, *extra,
     ]  # fmt: skip
 
@@ -211,3 +211,41 @@ def test_services_down_is_one_line(tmp_path: Path) -> None:
     errors = [line for line in screen.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "cannot reach the services at 127.0.0.1:1" in errors[0], screen
     assert re.search(r"switchboard serve", errors[0])
+
+
+def test_services_killed_mid_chat(tmp_path: Path) -> None:
+    """The services die (SIGKILL) during a conversation: each line typed then gets one
+    error line, the prompt comes back, and /quit still leaves cleanly."""
+    server = subprocess.Popen(
+        [SWITCHBOARD, "serve", "--session-listen", "127.0.0.1:0", "--delivery-listen",
+         "127.0.0.1:0", "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        addresses: list[str] = []
+        while len(addresses) < 2 and (line := server.stdout.readline()):
+            if match := re.search(r"listening on (\S+)", line):
+                addresses.append(match.group(1))
+        assert len(addresses) == 2, "the services did not start"
+        with _terminal(_chat_argv(*addresses), tmp_path, _environment()) as chat:
+            chat.expect("you> ")
+            chat.type("hello")
+            chat.expect("agent> (echo) hello")
+            chat.expect("you> ")
+            server.send_signal(signal.SIGKILL)
+            server.wait(timeout=PATIENCE_S)
+            chat.type("are you there")
+            chat.expect("error: cannot reach the services")
+            chat.expect("you> ")
+            chat.type("/quit")
+            screen = chat.rest()
+            assert chat.process.returncode == 0, screen
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=PATIENCE_S)
+    assert "Traceback" not in chat.screen
+    assert not [line for line in chat.screen.splitlines() if line.startswith("{")], (
+        "a person's terminal gets text log lines, not JSON"
+    )
