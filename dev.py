@@ -8,7 +8,10 @@ Each creates ./.venv on first use and installs both distributions there, editabl
 switchboard-client (clients/python, whose install generates the gRPC stubs into
 switchboard/) and switchboard with its dev tools; it reinstalls them whenever a
 pyproject.toml, VERSION or a .proto file changes.
-Arguments after the command are passed on (`python3 dev.py test -k claim`).
+Arguments after the command are passed on (`python3 dev.py test -k claim`);
+`serve` passes them to `switchboard serve`, which takes every option of the
+`switchboard` group too (`python3 dev.py serve --log-format text --access-log
+errors`, `python3 dev.py serve session --auth-tokens ...`; `--help` lists them).
 """
 
 from __future__ import annotations
@@ -66,13 +69,24 @@ def ensure_environment() -> Path:
     return python
 
 
+SERVED = ("all", "session", "delivery")
+
+
+def _command(name: str, rest: list[str]) -> list[str]:
+    """The module and arguments `python` runs for `dev.py NAME REST...`."""
+    if name == "test":
+        return ["-m", "pytest", *rest]
+    # `serve` serves both services unless told which.
+    which = [] if rest and rest[0] in SERVED else ["all"]
+    return ["-m", "switchboard", "serve", *which, *rest]
+
+
 def main() -> None:
-    commands = {"serve": ["-m", "switchboard", "serve", "all"], "test": ["-m", "pytest"]}
-    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+    if len(sys.argv) < 2 or sys.argv[1] not in ("serve", "test"):
         sys.exit(__doc__)
     python = ensure_environment()
     os.chdir(ROOT)
-    argv = [str(python), *commands[sys.argv[1]], *sys.argv[2:]]
+    argv = [str(python), *_command(sys.argv[1], sys.argv[2:])]
     os.execv(argv[0], argv)
 
 

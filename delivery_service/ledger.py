@@ -17,6 +17,8 @@ from delivery_service.records import (
     ClaimResult,
     Holder,
     Instance,
+    InstancePage,
+    InstanceSummary,
     LedgerStats,
     NewObligation,
     Obligation,
@@ -181,6 +183,42 @@ class Ledger:
 
         return await self.runner.read(op)
 
+    async def list_instances(
+        self,
+        gateway_name: str,
+        live_only: bool,
+        page_size: int,
+        page_token: str,
+        caller: Caller = UNRESTRICTED,
+    ) -> InstancePage:
+        """A page of instances, latest registered first, each with its liveness now
+        (database clock) and the owed rows it holds. Admin only."""
+        _require_admin(caller, "ListInstances")
+        validation.text("gateway_name", gateway_name, max_len=128)
+        size = pagination.page_size(page_size)
+        filters = [gateway_name, live_only]
+        position = pagination.position_of(page_token, filters, float, str)
+        before = None if position is None else (position[0], position[1])
+
+        def op() -> InstancePage:
+            now = self.runner.backend.now()
+            found = self.store.instance_page(
+                gateway_name, now if live_only else None, before, size + 1
+            )
+            more, found = len(found) > size, found[:size]
+            held = self.store.held_counts([instance.id for instance in found])
+            summaries = [
+                InstanceSummary(instance, instance.live_at(now), held.get(instance.id, 0))
+                for instance in found
+            ]
+            last = found[-1] if found else None
+            token = (
+                pagination.encode([last.registered_at, last.id], filters) if more and last else ""
+            )
+            return InstancePage(summaries, token)
+
+        return await self.runner.read(op)
+
     def _instance(self, instance_id: str, caller: Caller) -> Instance | None:
         return _visible(self.store.get_instance(instance_id), caller)
 
@@ -262,7 +300,8 @@ class Ledger:
             obligation_id,
             holder,
             State.DELIVERED,
-            {"platform_message_id": platform_message_id},
+            # Delivered: an earlier failure's or an operator's reason is history now.
+            {"platform_message_id": platform_message_id, "last_error": ""},
             caller,
             stamp_delivered=True,
         )

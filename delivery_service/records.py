@@ -169,3 +169,18 @@ class ObligationFilter:
 class Page:
     obligations: list[Obligation]
     next_page_token: str
+
+
+@dataclass(frozen=True)
+class InstanceSummary:
+    """An instance as operators list it: live now or not, and the owed rows it holds."""
+
+    instance: Instance
+    live: bool
+    held_count: int
+
+
+@dataclass(frozen=True)
+class InstancePage:
+    instances: list[InstanceSummary]
+    next_page_token: str

@@ -17,6 +17,7 @@ from delivery_service.records import (
     Caller,
     ClaimResult,
     Instance,
+    InstancePage,
     NewObligation,
     Obligation,
     ObligationFilter,
@@ -304,4 +305,25 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             request.to_gateway_name,
             list(request.obligation_ids),
             caller(),
+        )
+
+    async def ListInstances(  # noqa: N802
+        self, request: pb.ListInstancesRequest, context: Context
+    ) -> pb.ListInstancesResponse:
+        page: InstancePage = await self.ledger.list_instances(
+            request.gateway_name,
+            request.live_only,
+            request.page_size,
+            request.page_token,
+            caller(),
+        )
+        return pb.ListInstancesResponse(
+            instances=[
+                pb.InstanceSummary(
+                    instance=instance_pb(summary.instance, summary.live),
+                    held_count=summary.held_count,
+                )
+                for summary in page.instances
+            ],
+            next_page_token=page.next_page_token,
         )

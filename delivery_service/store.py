@@ -185,6 +185,39 @@ class LedgerStore:
     def get_instance(self, instance_id: str) -> Instance | None:
         return self._instance_or_none(instance_id)
 
+    def instance_page(
+        self, gateway_name: str, live_at: float | None, before: tuple[float, str] | None, limit: int
+    ) -> list[Instance]:
+        """Instances, latest registered first (then by id, descending); of
+        `gateway_name` unless empty; live at `live_at` unless None; after the
+        position `before` (a page's last (registered_at, id)) unless None."""
+        inst = self.Instance
+        query = inst.select()
+        if gateway_name:
+            query = query.where(inst.gateway_name == gateway_name)
+        if live_at is not None:
+            query = query.where((inst.lease_expires_at > live_at) & inst.deregistered_at.is_null())
+        if before is not None:
+            query = query.where(peewee.Tuple(inst.registered_at, inst.id) < peewee.Tuple(*before))
+        query = query.order_by(inst.registered_at.desc(), inst.id.desc()).limit(limit)
+        return [_instance(row) for row in query]
+
+    def held_counts(self, instance_ids: Sequence[str]) -> dict[str, int]:
+        """Owed rows per owner, for these instances (absent: none)."""
+        if not instance_ids:
+            return {}
+        obl = self.Obligation
+        counts = (
+            obl.select(obl.owner_instance_id, fn.COUNT(obl.id))
+            .where(
+                obl.owner_instance_id.in_(list(instance_ids))
+                & obl.state.in_([s.value for s in OWED])
+            )
+            .group_by(obl.owner_instance_id)
+            .tuples()
+        )
+        return {owner: int(count) for owner, count in cast(Iterable[tuple[str, int]], counts)}
+
     def live_instances(self, now: float) -> list[Instance]:
         inst = self.Instance
         return [_instance(row) for row in inst.select().where(inst.lease_expires_at > now)]

@@ -44,6 +44,7 @@ ADMIN_ONLY = frozenset(
         "CreateCheckpoint", "TruncateLog", "PruneObligations", "RetryObligation",
         "AbandonObligation",
         "GetLedgerStats", "HandOverObligations",
+        "ListInstances",  # every principal's gateway instances
     }
 )  # fmt: skip
 #: Request fields that name an agent; every one present must be in the token's scope.
@@ -264,6 +265,16 @@ class AuthInterceptor(WrappingInterceptor):
         if grant is None:
             raise _refused("unknown token")
         return grant
+
+    def principal_of(self, metadata: Metadata | None) -> str:
+        """Who a call's metadata authenticates, for the access log: "" with
+        authentication off, "-" for a refused credential."""
+        if not self.tokens:
+            return ""
+        try:
+            return self._grant(metadata).principal
+        except Unauthenticated:
+            return "-"
 
     async def intercept_service(
         self,

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
 import peewee
@@ -17,6 +17,8 @@ from switchboard import migrations, operators
 from switchboard.auth import check_sendable, parse_tokens
 from switchboard.database import Backend, DatabaseSettings, StartupRefused
 from switchboard.observability import (
+    ACCESS_LEVELS,
+    AccessLevel,
     RpcMetrics,
     StateCollector,
     configure_logging,
@@ -63,27 +65,61 @@ class _Commands(click.Group):
             raise click.ClickException(str(refused)) from refused
 
 
-@click.group(cls=_Commands)
+_ENVIRONMENT = """\b
+Environment (each option's own variable is shown in its command's --help):
+  SWITCHBOARD_TOKEN             bearer token of the operator commands and chat
+  SWITCHBOARD_SESSION_ADDRESS   SessionService host:port the commands call
+                                [127.0.0.1:50051]
+  SWITCHBOARD_DELIVERY_ADDRESS  DeliveryService host:port the commands call
+                                [127.0.0.1:50052]
+  SWITCHBOARD_LOG_LEVEL, SWITCHBOARD_LOG_FORMAT   --log-level, --log-format
+  SWITCHBOARD_DATA_DIR          where SQLite files live (serve, rebuild, db)
+"""
+
+
+def _log_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--log-level and --log-format, taken before the command (`switchboard
+    --log-format text serve`) and by `serve` itself (`switchboard serve --log-format
+    text`, which is what `python3 dev.py serve --log-format text` runs)."""
+    command = click.option(
+        "--log-format",
+        default=None,
+        envvar="SWITCHBOARD_LOG_FORMAT",
+        type=click.Choice(["json", "text"]),
+        help="json: one structured line per event; access lines carry method, status, "
+        "duration, request id and principal; text: the same, for people [default: json].",
+    )(command)
+    return click.option(
+        "--log-level",
+        default=None,
+        envvar="SWITCHBOARD_LOG_LEVEL",
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+        help="WARNING also silences the access lines of calls that ended OK [default: INFO].",
+    )(command)
+
+
+@click.group(cls=_Commands, epilog=_ENVIRONMENT)
 @click.version_option(package_name="switchboard", prog_name="switchboard")
-@click.option(
-    "--log-level",
-    default="INFO",
-    envvar="SWITCHBOARD_LOG_LEVEL",
-    show_default=True,
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-)
-@click.option(
-    "--log-format",
-    default="json",
-    envvar="SWITCHBOARD_LOG_FORMAT",
-    show_default=True,
-    type=click.Choice(["json", "text"]),
-    help="json: one structured line per event; access lines carry method, status, "
-    "duration and request id.",
-)
-def main(log_level: str, log_format: str) -> None:
+@_log_options
+@click.pass_context
+def main(ctx: click.Context, log_level: str | None, log_format: str | None) -> None:
     """Switchboard: session and delivery backbone for AI-agent gateways."""
-    configure_logging(log_level, json_format=log_format == "json")
+    ctx.obj = {
+        "log_level": log_level or "INFO",
+        "log_format": log_format or "json",
+        "log_chosen": log_level is not None or log_format is not None,
+    }
+    configure_logging(ctx.obj["log_level"], json_format=ctx.obj["log_format"] == "json")
+
+
+def _relog(ctx: click.Context, log_level: str | None, log_format: str | None) -> None:
+    """A command's own --log-level/--log-format win over the group's."""
+    if log_level is None and log_format is None:
+        return
+    chosen = ctx.find_object(dict) or {}
+    level = log_level or chosen.get("log_level", "INFO")
+    shape = log_format or chosen.get("log_format", "json")
+    configure_logging(level, json_format=shape == "json")
 
 
 @main.command()
@@ -283,6 +319,17 @@ def main(log_level: str, log_format: str) -> None:
     help="host:port for the Prometheus endpoint (off when empty).",
 )
 @click.option(
+    "--access-log",
+    default="all",
+    envvar="SWITCHBOARD_ACCESS_LOG",
+    show_default=True,
+    type=click.Choice(list(ACCESS_LEVELS)),
+    help="One log line per call (method, status, duration, request id, principal): for "
+    "every call, only for calls that did not end OK, or none. Independent of "
+    "--metrics-listen; health checks are logged only when they fail.",
+)
+@_log_options
+@click.option(
     "--auth-tokens",
     default="",
     envvar="SWITCHBOARD_AUTH_TOKENS",
@@ -296,7 +343,7 @@ def main(log_level: str, log_format: str) -> None:
     "hashes user and chat ids of agents with settings.redact_pii (HMAC-SHA256); or set "
     "SWITCHBOARD_PII_KEY to the key itself. Without one the ids are hashed unkeyed, which "
     "brute force reverses. Setting or changing it starts fresh sessions for conversations "
-    "routed before. [env: SWITCHBOARD_PII_KEY_FILE]",
+    "routed before.",
 )
 @click.option(
     "--pii-key",
@@ -358,6 +405,9 @@ def serve(
     max_message_bytes: int,
     drain_grace: float,
     metrics_listen: str,
+    access_log: AccessLevel,
+    log_level: str | None,
+    log_format: str | None,
     auth_tokens: str,
     pii_key_file: Path | None,
     pii_key: str | None,
@@ -367,6 +417,7 @@ def serve(
     no_migrate: bool,
 ) -> None:
     """Run the services until SIGTERM or Ctrl-C (then drain and exit 0)."""
+    _relog(click.get_current_context(), log_level, log_format)
     from delivery_service.app import DeliveryUnit
     from delivery_service.state_machine import LedgerLimits
     from session_service import pii
@@ -410,6 +461,7 @@ def serve(
             drain_grace_s=drain_grace,
             auth=grants,
             metrics=metrics,
+            access_log=access_log,
             tls_cert=tls_cert,
             tls_key=tls_key,
             tls_client_ca=tls_client_ca,
@@ -500,6 +552,7 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
     settings = DatabaseSettings(
         url=database_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"
     )
+    _refuse_missing_sqlite(settings.url, "--database-url or --data-dir")
     backend = open_backend(settings)
     try:
         migrations.prepare(backend, SESSION_SCHEMA)
@@ -512,8 +565,10 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
             task = bar.add_task("replaying the log", total=None)
             report = recovery.rebuild(
                 Sessions(runner, store, SessionLimits()),
-                lambda done, total: bar.update(task, completed=done, total=total),
+                lambda done, total: bar.update(task, completed=done, total=max(done, total)),
             )
+            # The total counted abandoned events too, which are not replayed: done is all.
+            bar.update(task, completed=report.events, total=max(report.events, 1))
     finally:
         runner.close()
     click.echo(f"replayed {report.events} events")
@@ -521,6 +576,20 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
         click.echo(f"  {name}: {count} row(s) differed" if count else f"  {name}: identical")
     if report.differed:
         click.echo("projections were repaired from the log")
+
+
+def _refuse_missing_sqlite(url: str, options: str) -> None:
+    """A command that reads a database must not create an empty one where none was
+    (e.g. run from another directory than `serve`, whose --data-dir is relative)."""
+    if not url.startswith("sqlite:///"):
+        return
+    path = Path(url.removeprefix("sqlite:///").split("?", 1)[0])
+    if not path.exists():
+        raise click.ClickException(
+            f"no database file at {path}: nothing to rebuild. Name the database with "
+            f"{options} (a relative --data-dir is taken from the current directory, "
+            f"{Path.cwd()})"
+        )
 
 
 def _redacted(url: str) -> str:
@@ -677,38 +746,172 @@ def _echo_agent(turn: Any) -> str:
 
 @main.command()
 @click.option("--agent", required=True, help="The agent to talk to (created if missing).")
-@click.option("--session-address", default=DEFAULT_SESSION_LISTEN, show_default=True)
-@click.option("--delivery-address", default=DEFAULT_DELIVERY_LISTEN, show_default=True)
+@click.option(
+    "--session-address",
+    default=DEFAULT_SESSION_LISTEN,
+    envvar="SWITCHBOARD_SESSION_ADDRESS",
+    show_default=True,
+)
+@click.option(
+    "--delivery-address",
+    default=DEFAULT_DELIVERY_LISTEN,
+    envvar="SWITCHBOARD_DELIVERY_ADDRESS",
+    show_default=True,
+)
+@click.option(
+    "--token",
+    default=None,
+    envvar="SWITCHBOARD_TOKEN",
+    help="Bearer token for both services (when they run with --auth-tokens): admin, or "
+    "one whose agents include --agent (it cannot create a missing agent).",
+)
 @click.option("--conversation", default="default", show_default=True, help="REPL conversation id.")
 @click.option(
     "--callback",
     default="",
-    help="module:function taking a switchboard_client.gateway.Turn and returning the reply "
-    "[default: an echo agent]",
+    help="module:function taking a switchboard_client.gateway.Turn and returning the reply, "
+    "imported from the current directory first [default: an echo agent]",
 )
 def chat(
-    agent: str, session_address: str, delivery_address: str, conversation: str, callback: str
+    agent: str,
+    session_address: str,
+    delivery_address: str,
+    token: str | None,
+    conversation: str,
+    callback: str,
 ) -> None:
-    """Talk to an agent from the terminal ("/new" resets, "/quit" or EOF ends)."""
+    """Talk to an agent from the terminal ("/help" lists the commands)."""
+    from switchboard_client import SwitchboardError
+
+    chosen = click.get_current_context().find_object(dict) or {}
+    if not chosen.get("log_chosen"):
+        # A person's terminal: the client's warnings as short text lines, no INFO.
+        configure_logging("WARNING", json_format=False)
+    reply = _callback(callback) if callback else _echo_agent
+    try:
+        _chat(agent, session_address, delivery_address, token, conversation, reply)
+    except SwitchboardError as error:
+        shown = _chat_failure(error, session_address, delivery_address)
+        raise click.ClickException(shown) from None
+
+
+def _callback(spec: str) -> Callable[[Any], str]:
+    """`module:function`, imported as `python -m` would: the current directory first."""
     import importlib
+    import os
+    import sys
+
+    module, _, function = spec.partition(":")
+    if not module or not function:
+        raise click.BadParameter("use module:function, e.g. mybot:reply", param_hint="--callback")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found = getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as exc:
+        raise click.BadParameter(f"{spec}: {exc}", param_hint="--callback") from exc
+    if not callable(found):
+        raise click.BadParameter(f"{spec} is not callable", param_hint="--callback")
+    return cast(Callable[[Any], str], found)
+
+
+def _chat(
+    agent: str,
+    session_address: str,
+    delivery_address: str,
+    token: str | None,
+    conversation: str,
+    reply: Callable[[Any], str],
+) -> None:
     import sys
 
     from switchboard_client import DeliveryClient, SessionClient, SwitchboardError
     from switchboard_client.gateway import Gateway
     from switchboard_client.transports import ReplPlatform, run_repl
 
-    reply = _echo_agent
-    if callback:
-        module, _, function = callback.partition(":")
-        reply = getattr(importlib.import_module(module), function)
-    with SessionClient(session_address) as sessions, DeliveryClient(delivery_address) as ledger:
+    with (
+        SessionClient(session_address, token=token) as sessions,
+        DeliveryClient(delivery_address, token=token) as ledger,
+    ):
         try:
             sessions.get_agent(agent)
-        except SwitchboardError:
-            sessions.create_agent(agent)
+        except SwitchboardError as missing:
+            if missing.code.name != "NOT_FOUND":
+                raise
+            _create_agent(sessions, agent)
         gateway = Gateway("repl", agent, sessions, ledger, [ReplPlatform(sys.stdout)], reply)
         gateway.start()
+        interactive = sys.stdin.isatty()
+        click.echo(
+            f"switchboard chat: agent {agent!r}, conversation {conversation!r} "
+            f"(sessions {session_address}, delivery {delivery_address})"
+        )
+        click.echo('type a message; "/help" lists the commands, "/quit" or Ctrl-D leaves')
+
+        def failed(error: Exception) -> None:
+            if isinstance(error, SwitchboardError):
+                shown = _chat_failure(error, session_address, delivery_address)
+            else:
+                shown = f"the agent's callback failed: {type(error).__name__}: {error}"
+            click.echo(f"error: {shown}", err=True)
+
         try:
-            run_repl(gateway, sys.stdin, conversation)
+            run_repl(
+                gateway,
+                sys.stdin,
+                conversation,
+                out=sys.stdout,
+                interactive=interactive,
+                on_error=failed,
+            )
+        except KeyboardInterrupt:
+            click.echo()
         finally:
             gateway.stop()
+
+
+def _create_agent(sessions: Any, agent: str) -> None:
+    from switchboard_client import SwitchboardError
+
+    try:
+        sessions.create_agent(agent)
+    except SwitchboardError as refused:
+        if refused.code.name != "PERMISSION_DENIED":
+            raise
+        raise click.ClickException(
+            f"agent {agent!r} does not exist and this token may not create it "
+            "(PERMISSION_DENIED): create it with an admin token, e.g. "
+            f"`switchboard chat --agent {agent} --token ADMIN_TOKEN` once"
+        ) from None
+
+
+def _chat_failure(error: Any, session_address: str, delivery_address: str) -> str:
+    """One line saying what went wrong and what to do, for a person."""
+    code = error.code.name
+    if code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        return (
+            f"cannot reach the services at {session_address} and {delivery_address} "
+            f"({code}); start them with `switchboard serve` (or `python3 dev.py serve`), "
+            "or pass --session-address/--delivery-address"
+        )
+    if code == "UNAUTHENTICATED":
+        return (
+            "the services refused the token (UNAUTHENTICATED); pass --token or set "
+            "SWITCHBOARD_TOKEN to one of the server's --auth-tokens"
+        )
+    if code == "PERMISSION_DENIED":
+        return f"this token may not do that (PERMISSION_DENIED): {error.message}"
+    return f"{code}: {error.message}"
+
+
+def _show_environment(group: click.Group) -> None:
+    """Every option's environment variable in its command's --help."""
+    for command in [group, *group.commands.values()]:
+        for param in command.params:
+            if isinstance(param, click.Option) and param.envvar and not param.hidden:
+                param.show_envvar = True
+        if isinstance(command, click.Group) and command is not group:
+            _show_environment(command)
+
+
+_show_environment(main)

@@ -1,8 +1,11 @@
 """Metrics and access logs for every RPC, and the metrics endpoint.
 
-Prometheus metrics are served on their own port; each call is counted and
-timed by method and status code, and logged as one structured line with a
-request id (the caller's `x-request-id`, or a fresh one).
+Every call is logged as one structured line (method, status, duration, request
+id, principal) on the `switchboard.access` logger, whether or not metrics are
+on: `--access-log all` (the default), `errors` (calls that did not end OK) or
+`off`. The request id is the caller's `x-request-id`, or a fresh one. With
+`--metrics-listen`, each call is also counted and timed by method and status
+code, served on its own port.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.metrics_core import Metric
@@ -21,6 +24,10 @@ from pythonjsonlogger.json import JsonFormatter
 from switchboard.grpc_errors import WrappingInterceptor
 
 access_log = logging.getLogger("switchboard.access")
+
+#: Which calls get an access line: every call, the ones not ending OK, or none.
+AccessLevel = Literal["all", "errors", "off"]
+ACCESS_LEVELS: tuple[AccessLevel, ...] = ("all", "errors", "off")
 
 
 def configure_logging(level: str, json_format: bool) -> None:
@@ -52,18 +59,47 @@ class RpcMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
         )
 
-    def observe(self, method: str, code: str, seconds: float, request_id: str) -> None:
+    def observe(self, method: str, code: str, seconds: float) -> None:
         self.calls.labels(method, code).inc()
         self.latency.labels(method).observe(seconds)
+
+
+#: Health checks and reflection: logged only when they fail.
+QUIET_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+class AccessLog:
+    """One line per finished call, at INFO (`--log-level WARNING` silences them too)."""
+
+    def __init__(self, level: AccessLevel = "all") -> None:
+        self.level = level
+
+    def wants(self, method: str, code: str) -> bool:
+        """Whether this call gets a line (checked before its principal is looked up)."""
+        if self.level == "off" or (self.level == "errors" and code == "OK"):
+            return False
         if code == "UNAUTHENTICATED":
-            return  # counted; logged by auth, rate limited, so a flood cannot grow the log
+            return False  # logged by auth, rate limited, so a flood cannot grow the log
+        if code == "OK" and method.startswith(QUIET_PREFIXES):
+            return False  # probes every few seconds would drown the calls that matter
+        return access_log.isEnabledFor(logging.INFO)
+
+    def write(
+        self, method: str, code: str, seconds: float, request_id: str, principal: str
+    ) -> None:
         access_log.info(
-            "rpc",
+            "rpc %s %s %.1f ms request_id=%s principal=%s",
+            method,
+            code,
+            seconds * 1000,
+            request_id,
+            principal or "-",
             extra={
                 "method": method,
                 "status": code,
                 "duration_ms": round(seconds * 1000, 3),
                 "request_id": request_id,
+                "principal": principal,
             },
         )
 
@@ -81,12 +117,33 @@ def _code(context: Any, failed: bool) -> str:
     return str(code.name)
 
 
-class ObservabilityInterceptor(WrappingInterceptor):
-    """Counts, times and logs every call with its final status (outermost interceptor)."""
+#: The principal a call's metadata authenticates ("" with authentication off, "-"
+#: for a credential that is refused).
+PrincipalOf = Callable[[Any], str]
 
-    def __init__(self, metrics: RpcMetrics) -> None:
+
+class ObservabilityInterceptor(WrappingInterceptor):
+    """Times every call and logs and counts it with its final status (outermost
+    interceptor: the status is the one the caller gets)."""
+
+    def __init__(
+        self,
+        metrics: RpcMetrics | None,
+        access: AccessLog | None = None,
+        principal_of: PrincipalOf = lambda _metadata: "",
+    ) -> None:
         super().__init__()
         self.metrics = metrics
+        self.access = access
+        self.principal_of = principal_of
+
+    def _finished(self, method: str, context: Any, failed: bool, started: float, rid: str) -> None:
+        code, seconds = _code(context, failed), time.perf_counter() - started
+        if self.metrics is not None:
+            self.metrics.observe(method, code, seconds)
+        if self.access is not None and self.access.wants(method, code):
+            principal = self.principal_of(context.invocation_metadata())
+            self.access.write(method, code, seconds, rid, principal)
 
     def wrap_unary(
         self, method: str, behavior: Callable[[Any, Any], Awaitable[Any]]
@@ -98,8 +155,7 @@ class ObservabilityInterceptor(WrappingInterceptor):
                 failed = False
                 return response
             finally:
-                code = _code(context, failed)
-                self.metrics.observe(method, code, time.perf_counter() - started, request_id)
+                self._finished(method, context, failed, started, request_id)
 
         return observed
 
@@ -113,8 +169,7 @@ class ObservabilityInterceptor(WrappingInterceptor):
                     yield response
                 failed = False
             finally:
-                code = _code(context, failed)
-                self.metrics.observe(method, code, time.perf_counter() - started, request_id)
+                self._finished(method, context, failed, started, request_id)
 
         return observed
 

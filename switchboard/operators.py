@@ -102,6 +102,90 @@ def _with_ledger(address: str, token: str | None, use: Callable[[Any], T]) -> T:
         return use(client)
 
 
+def _role(value: int) -> str:
+    from switchboard.session.v1 import session_service_pb2 as pb
+
+    return pb.Role.Name(value).removeprefix("ROLE_").lower()  # type: ignore[arg-type]
+
+
+def _clipped(text: str, width: int = 120) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _event_line(event: Any) -> str:
+    """One line per event: sequence, time, agent/session, type and its body, clipped."""
+    kind = event.WhichOneof("body") or "?"
+    body = MessageToJson(getattr(event, kind), indent=None) if kind != "?" else ""
+    where = f"{event.agent}/{event.session_id}" if event.session_id else event.agent or "-"
+    return f"{event.sequence} {_time(event.time)} {where} {kind} {_clipped(body)}"
+
+
+def _has_events_after(client: Any, sequence: int) -> bool:
+    return next(iter(client.list_log_events(after=sequence, page_size=1)), None) is not None
+
+
+def _head(client: Any) -> int:
+    """The log's latest sequence (0 for none), found in O(log head) one-event reads:
+    no RPC answers it directly, and reading the log to its end costs O(log)."""
+    if not _has_events_after(client, 0):
+        return 0
+    # Events lie after `low` and none after `high`: the head is in (low, high].
+    low, high = 0, 1
+    while _has_events_after(client, high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _has_events_after(client, middle):
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+def _latest_events(client: Any, count: int, agent: str, session_id: str) -> list[Any]:
+    """The latest `count` events matching the filters: windows before the head,
+    widened until they hold enough or reach the start."""
+    head = _head(client)
+    if not count or not head:
+        return []
+    window = count
+    while True:
+        start = max(0, head - window)
+        found = list(
+            client.list_log_events(after=start, agent=agent, session_id=session_id, page_size=1000)
+        )
+        if len(found) >= count or start == 0:
+            return found[-count:]
+        window *= 8
+
+
+STATES = ("PENDING", "ATTEMPTING", "DELIVERED", "FAILED", "ABANDONED")
+
+
+def _state_name(value: int) -> str:
+    from switchboard.delivery.v1 import delivery_service_pb2 as dpb
+
+    return dpb.ObligationState.Name(value).removeprefix("OBLIGATION_STATE_")  # type: ignore[arg-type]
+
+
+def _shown_error(row: Any) -> str:
+    """A delivered row's error is history (rows delivered before the server cleared it
+    on delivery still carry one): not shown."""
+    return "" if _state_name(row.state) == "DELIVERED" else str(row.last_error)
+
+
+def _time(stamp: Any) -> str:
+    """A Timestamp as UTC seconds; "-" when unset."""
+    if not stamp.seconds and not stamp.nanos:
+        return "-"
+    return str(stamp.ToDatetime().strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def _ended(instance: Any) -> str:
+    return "no (deregistered)" if instance.HasField("deregister_time") else "no (lease ran out)"
+
+
 def register(session: click.Group, main: click.Group) -> None:
     """Adds the operators' commands to the `session` group and a `delivery` group."""
 
@@ -234,6 +318,77 @@ def register(session: click.Group, main: click.Group) -> None:
             ],
         )  # fmt: skip
 
+    @session.command("history")
+    @click.argument("agent")
+    @click.argument("session_id")
+    @click.option(
+        "--limit",
+        type=click.IntRange(min=1, max=1000),
+        default=50,
+        show_default=True,
+        help="Messages per page.",
+    )
+    @click.option("--oldest", is_flag=True, help="Start from the first message, not the newest.")
+    @click.option("--page-token", default="", help="The token a previous page printed.")
+    @click.option("--all", "every_page", is_flag=True, help="Print every page, not one.")
+    @click.option("--abandoned", is_flag=True, help="Also messages a rewind abandoned.")
+    @click.option("--json", "as_json", is_flag=True, help="One JSON message per line.")
+    @_session_address
+    @_token
+    def history(
+        agent: str,
+        session_id: str,
+        limit: int,
+        oldest: bool,
+        page_token: str,
+        every_page: bool,
+        abandoned: bool,
+        as_json: bool,
+        address: str,
+        token: str | None,
+    ) -> None:
+        """A session's messages, a page at a time (the newest page first, unless
+        --oldest); each page is printed oldest message first."""
+
+        def read(client: Any) -> tuple[list[Any], str]:
+            messages: list[Any] = []
+            cursor = page_token
+            while True:
+                page = client.history_page(
+                    agent, session_id, limit=limit, newest=not oldest,
+                    include_abandoned=abandoned, page_token=cursor,
+                )  # fmt: skip
+                # Newest first: an older page goes before the ones already read.
+                messages = (
+                    [*page.messages, *messages] if not oldest else [*messages, *page.messages]
+                )
+                cursor = page.next_page_token
+                if not every_page or not cursor:
+                    return messages, cursor
+
+        messages, more = _with_sessions(address, token, read)
+        if as_json:
+            for queued in messages:
+                click.echo(MessageToJson(queued, indent=None))
+        else:
+            _table(
+                f"history of {agent}/{session_id}",
+                ["sequence", "role", "sender", "content", "abandoned"],
+                [
+                    [m.sequence, _role(m.message.role), m.message.sender,
+                     _clipped(m.message.content), "yes" if m.abandoned else ""]
+                    for m in messages
+                ],
+            )  # fmt: skip
+        if more:
+            which = "newer" if oldest else "older"
+            flags = " --oldest" if oldest else ""
+            click.echo(
+                f"{which} messages: switchboard session history {agent} {session_id}"
+                f"{flags} --limit {limit} --page-token {more}",
+                err=as_json,
+            )
+
     @session.command("rewind")
     @click.argument("target")
     @_yes
@@ -269,40 +424,180 @@ def register(session: click.Group, main: click.Group) -> None:
             return
         click.echo(f"checked out {record.rewound.to_sequence} (record {record.sequence})")
 
+    @main.group("log")
+    def log_group() -> None:
+        """Read the SessionService's global log."""
+
+    @log_group.command("tail")
+    @click.option(
+        "-n",
+        "--lines",
+        type=click.IntRange(min=0, max=1000),
+        default=20,
+        show_default=True,
+        help="How many of the latest events to print first.",
+    )
+    @click.option("--agent", default="", help="Only this agent's events.")
+    @click.option("--session-id", default="", help="Only this session's events.")
+    @click.option(
+        "-f", "--follow", is_flag=True, help="Then print events as they are written, until Ctrl-C."
+    )
+    @click.option(
+        "--after",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Follow from this sequence on (instead of the latest events).",
+    )
+    @click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+    @_session_address
+    @_token
+    def tail(
+        lines: int,
+        agent: str,
+        session_id: str,
+        follow: bool,
+        after: int | None,
+        as_json: bool,
+        address: str,
+        token: str | None,
+    ) -> None:
+        """The latest events of the log, then with --follow new ones as they commit.
+
+        The latest events need an admin token (the log is every agent's). An agent
+        token follows its agent: --follow --agent NAME, from --after SEQ or from the
+        agent's first event."""
+        from switchboard_client import SessionClient, SwitchboardError
+
+        def printed(event: Any) -> None:
+            click.echo(MessageToJson(event, indent=None) if as_json else _event_line(event))
+
+        with _reported(), SessionClient(address, token=token) as client:
+            if after is None:
+                try:
+                    latest = _latest_events(client, lines, agent, session_id)
+                    head = latest[-1].event.sequence if latest else _head(client)
+                except SwitchboardError as refused:
+                    if not (follow and agent and refused.code.name == "PERMISSION_DENIED"):
+                        raise
+                    click.echo("(reading the latest events needs an admin token: following "
+                               f"{agent}'s events from its first)", err=True)  # fmt: skip
+                    latest, head = [], 0
+                for entry in latest:
+                    printed(entry.event)
+                after = head
+            if not follow:
+                return
+            stream = client.watch(after, agent=agent, session_id=session_id)
+            try:
+                for event in stream:
+                    printed(event)
+            except KeyboardInterrupt:
+                stream.cancel()
+
     @main.group()
     def delivery() -> None:
         """Look into and repair the delivery ledger."""
 
     @delivery.command("obligations")
-    @click.option("--platform", default="")
-    @click.option("--session-key", default="")
+    @click.option(
+        "--state",
+        type=click.Choice([s.lower() for s in STATES]),
+        default=None,
+        help="Only rows in this state [default: any].",
+    )
+    @click.option("--platform", default="", help="Only rows for this platform.")
+    @click.option("--session-key", default="", help="Only rows of this session key.")
     @click.option("--gateway", default="", help="Only rows bound to this gateway name.")
+    @click.option(
+        "--limit",
+        type=click.IntRange(min=1),
+        default=100,
+        show_default=True,
+        help="At most this many rows (the oldest first).",
+    )
     @_delivery_address
     @_token
     def obligations(
-        platform: str, session_key: str, gateway: str, address: str, token: str | None
+        state: str | None,
+        platform: str,
+        session_key: str,
+        gateway: str,
+        limit: int,
+        address: str,
+        token: str | None,
     ) -> None:
         """List obligations, oldest first (an agent token sees its agents' only)."""
+        from itertools import islice
+
         from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 
-        rows = _with_ledger(
-            address,
-            token,
-            lambda c: list(
-                c.list(platform=platform, session_key=session_key, gateway_name=gateway)
-            ),
-        )
+        wanted = dpb.ObligationState.Value(f"OBLIGATION_STATE_{state.upper()}") if state else 0
+
+        def read(client: Any) -> list[Any]:
+            rows = client.list(
+                state=wanted,
+                platform=platform,
+                session_key=session_key,
+                gateway_name=gateway,
+                page_size=min(limit + 1, 1000),
+            )
+            return list(islice(rows, limit + 1))
+
+        rows = _with_ledger(address, token, read)
         _table(
             "obligations",
             ["id", "state", "agent", "gateway", "platform", "chat", "attempts", "owner",
              "last error"],
             [
-                [o.id, dpb.ObligationState.Name(o.state).removeprefix("OBLIGATION_STATE_"),
-                 o.agent, o.gateway_name, o.platform, o.chat_id, o.attempts,
-                 o.owner_instance_id[:8], o.last_error]
-                for o in rows
+                [o.id, _state_name(o.state), o.agent, o.gateway_name, o.platform, o.chat_id,
+                 o.attempts, o.owner_instance_id[:8], _shown_error(o)]
+                for o in rows[:limit]
             ],
         )  # fmt: skip
+        if len(rows) > limit:
+            click.echo(f"more rows match: raise --limit (it is {limit}) or narrow the filters")
+
+    @delivery.command("instances")
+    @click.option("--gateway", default="", help="Only instances of this gateway name.")
+    @click.option("--live", "live_only", is_flag=True, help="Only live instances.")
+    @click.option(
+        "--limit",
+        type=click.IntRange(min=1),
+        default=100,
+        show_default=True,
+        help="At most this many (the latest registered first).",
+    )
+    @_delivery_address
+    @_token
+    def instances(
+        gateway: str, live_only: bool, limit: int, address: str, token: str | None
+    ) -> None:
+        """List gateway instances: liveness, lease, platforms, rows held (admin)."""
+        from itertools import islice
+
+        def read(client: Any) -> list[Any]:
+            found = client.list_instances(
+                gateway_name=gateway, live_only=live_only, page_size=min(limit + 1, 1000)
+            )
+            return list(islice(found, limit + 1))
+
+        found = _with_ledger(address, token, read)
+        _table(
+            "gateway instances",
+            ["instance", "gateway", "platforms", "live", "registered", "last heartbeat",
+             "lease until", "rows held", "host", "pid"],
+            [
+                [s.instance.instance_id, s.instance.gateway_name,
+                 ",".join(s.instance.platforms) or "-",
+                 "yes" if s.instance.live else _ended(s.instance),
+                 _time(s.instance.register_time), _time(s.instance.heartbeat_time),
+                 _time(s.instance.lease_expire_time), s.held_count, s.instance.host,
+                 s.instance.pid]
+                for s in found[:limit]
+            ],
+        )  # fmt: skip
+        if len(found) > limit:
+            click.echo(f"more instances match: raise --limit (it is {limit})")
 
     @delivery.command("obligation")
     @click.argument("obligation_id")

@@ -27,7 +27,12 @@ from switchboard.auth import AuthInterceptor, Grant, quiet_grpc_decode_errors
 from switchboard.concurrency import UnaryLimitInterceptor
 from switchboard.deadlines import DeadlineInterceptor
 from switchboard.grpc_errors import DomainErrorInterceptor
-from switchboard.observability import ObservabilityInterceptor, RpcMetrics
+from switchboard.observability import (
+    AccessLevel,
+    AccessLog,
+    ObservabilityInterceptor,
+    RpcMetrics,
+)
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +72,8 @@ class ServerSettings:
     auth: Mapping[str, Grant] = field(default_factory=dict)
     #: Counts and times every call when set.
     metrics: RpcMetrics | None = None
+    #: Access lines on `switchboard.access`: every call, the failed ones, or none.
+    access_log: AccessLevel = "all"
     #: PEM files: serve TLS with cert and key; with client_ca, require client
     #: certificates signed by it (mTLS).
     tls_cert: Path | None = None
@@ -155,16 +162,20 @@ class GrpcApp:
         """Builds the server on the running event loop and starts listening."""
         settings = self.settings
         self.health = HealthServicer()
+        auth = AuthInterceptor(settings.auth)
         interceptors: list[grpc.aio.ServerInterceptor] = [
             DomainErrorInterceptor(),
             DeadlineInterceptor(on_unavailable=self._probe_now.set),
-            AuthInterceptor(settings.auth),
+            auth,
         ]
         if settings.max_concurrent_rpcs is not None:
             # Ours, not gRPC's maximum_concurrent_rpcs: that one counts watchers' streams.
             interceptors.insert(0, UnaryLimitInterceptor(settings.max_concurrent_rpcs))
-        if settings.metrics is not None:
-            interceptors.insert(0, ObservabilityInterceptor(settings.metrics))
+        access = None if settings.access_log == "off" else AccessLog(settings.access_log)
+        if settings.metrics is not None or access is not None:
+            # Outermost, so that it sees the status the caller gets (RESOURCE_EXHAUSTED too).
+            observer = ObservabilityInterceptor(settings.metrics, access, auth.principal_of)
+            interceptors.insert(0, observer)
         quiet_grpc_decode_errors()
         self.server = grpc.aio.server(interceptors=interceptors, options=channel_options(settings))
         self.unit.add_to_server(self.server)

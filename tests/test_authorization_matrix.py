@@ -105,6 +105,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "GetLedgerStats": ADMIN_ONLY,
     "PruneObligations": ADMIN_ONLY,
     "HandOverObligations": ADMIN_ONLY,
+    "ListInstances": ADMIN_ONLY,  # every principal's instances
 }
 
 _CODES = {
@@ -361,6 +362,15 @@ def _listed_rows(world: World, owner: str, principal: str) -> Cell:
     )
 
 
+def _listed_instances(world: World, owner: str, principal: str) -> Cell:
+    instance_id = world.instance_of(owner, f"gw-{owner}")
+    request = dpb.ListInstancesRequest(gateway_name=f"gw-{owner}", page_size=1000)
+    return Cell(
+        lambda metadata: world.delivery.ListInstances(request, metadata=metadata),
+        lambda answer: instance_id in {s.instance.instance_id for s in answer.instances},
+    )
+
+
 def _row_request(rpc: str, failed_first: bool = False, **fields: Any) -> Builder:
     """A call naming one of the owner's rows; `failed_first`: given up on first."""
 
@@ -462,6 +472,7 @@ BUILDERS: dict[str, Builder] = {
         "PruneObligations", lambda w, o: dpb.PruneObligationsRequest(), "delivery"
     ),
     "HandOverObligations": _handed_over,
+    "ListInstances": _listed_instances,
 }
 
 

@@ -279,10 +279,22 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
             obligation_ids=string_list(_obligation(seed), [], [seed.holdings[0].obligation_id]),
         )
     ),
+    "ListInstances": lambda seed: request(
+        message(
+            pb.ListInstancesRequest,
+            base=st.sampled_from([{"gateway_name": "", "live_only": False}, {}]),
+            gateway_name=text("", "fuzz-gateway"),
+            live_only=boolean(),
+            page_size=uint32(0, 1, 2, 1000),
+            page_token=page_token([seed.token], foreign=[seed.foreign_token]),
+        )
+    ),
 }
 
 #: RPCs that never write, whatever they answer.
-READ_ONLY: Final = frozenset({"GetInstance", "GetObligation", "ListObligations", "GetLedgerStats"})
+READ_ONLY: Final = frozenset(
+    {"GetInstance", "GetObligation", "ListObligations", "GetLedgerStats", "ListInstances"}
+)
 
 _PLATFORM = re.compile(r"[a-z][a-z0-9_]{0,31}")
 

@@ -34,6 +34,7 @@ READ_METHODS: tuple[str, ...] = (
     "GetObligation",
     "ListObligations",
     "GetLedgerStats",
+    "ListInstances",
 )
 #: Writes: each carries a request id (one per logical call, the same on every
 #: retry), so the server answers a retry of a committed call without running it
@@ -329,6 +330,21 @@ class DeliveryClient(BaseClient):
         )
         for page in self._pages(self._stub.ListObligations, request):
             yield from page.obligations
+
+    def list_instances(
+        self, *, gateway_name: str = "", live_only: bool = False, page_size: int = 0
+    ) -> Iterator[pb.InstanceSummary]:
+        """Gateway instances (admin), the latest registered first, each with `live`
+        judged on the database's clock and `held_count`, the owed rows it holds.
+
+        Pages are fetched lazily as iteration goes; `page_size` 0 takes the server's
+        default.
+        """
+        request = pb.ListInstancesRequest(
+            gateway_name=gateway_name, live_only=live_only, page_size=page_size
+        )
+        for page in self._pages(self._stub.ListInstances, request):
+            yield from page.instances
 
     def retry(self, obligation_id: str, *, request_id: str = "") -> pb.Obligation:
         """Operator action (admin): makes a FAILED or ABANDONED row due now, attempts reset."""

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -37,22 +38,98 @@ class ReplPlatform:
         return None
 
 
-def run_repl(gateway: Gateway, lines: Iterable[str], conversation_id: str = "default") -> None:
-    """Feeds lines to the agent; "/new" starts a fresh session, "/quit" ends."""
+REPL_HELP = """commands (handled here, never sent to the agent):
+  /help   this list
+  /new    end this conversation's session and start a fresh one (asks first;
+          /new! does not ask)
+  /quit   leave (so does Ctrl-D)
+anything else is sent to the agent."""
+
+PROMPT = "you> "
+
+
+def run_repl(
+    gateway: Gateway,
+    lines: Iterable[str],
+    conversation_id: str = "default",
+    *,
+    out: TextIO | None = None,
+    interactive: bool = False,
+    on_error: Callable[[Exception], None] | None = None,
+) -> None:
+    """Feeds lines to the agent until "/quit" or the end of `lines`.
+
+    "/help", "/new" and "/quit" are handled here and never reach the agent.
+    `interactive` (a person at a terminal): a prompt before each line, and "/new"
+    asks before it ends the session (piped input is a script that said so already).
+    `on_error` gets a failed turn's error and the REPL goes on; without it the
+    error propagates.
+    """
     source = pb.Source(transport="repl", conversation_id=conversation_id)
-    for number, line in enumerate(lines, start=1):
+    # Unique per run: a line of a later run is another inbound message, even when it
+    # repeats the text and line number of an earlier run's (the reply's ledger id
+    # derives from the message ref).
+    run = uuid.uuid4().hex[:12]
+    typed = _Terminal(iter(lines), out if interactive else None)
+    number = 0
+    while (line := typed.read(PROMPT)) is not None:
+        number += 1
         text = line.strip()
         if not text:
             continue
         if text == "/quit":
             return
-        if text == "/new":
-            session = gateway.sessions.resolve(
-                gateway.agent, transport="repl", conversation_id=conversation_id
-            ).session
-            gateway.sessions.reset(gateway.agent, session.session_id, "/new")
+        if text == "/help":
+            _say(out, REPL_HELP)
             continue
-        gateway.handle(Inbound(source, text, message_ref=f"repl-line-{number}"))
+        if text in ("/new", "/new!"):
+            if text == "/new" and interactive and not typed.confirm(CONFIRM_NEW):
+                _say(out, "kept the current session")
+                continue
+            _new_session(gateway, conversation_id)
+            _say(out, "started a new session")
+            continue
+        try:
+            gateway.handle(Inbound(source, text, message_ref=f"repl-{run}-{number}"))
+        except Exception as error:
+            if on_error is None:
+                raise
+            on_error(error)
+
+
+CONFIRM_NEW = "end this session and start a new one? [y/N] "
+
+
+@dataclass
+class _Terminal:
+    """Lines typed by a person (`prompts` set: each asked for) or read from a script."""
+
+    lines: Iterator[str]
+    prompts: TextIO | None
+
+    def read(self, prompt: str) -> str | None:
+        if self.prompts is not None:
+            print(prompt, end="", file=self.prompts, flush=True)
+        line = next(self.lines, None)
+        if line is None and self.prompts is not None:
+            print(file=self.prompts, flush=True)  # Ctrl-D: the shell's prompt on a new line
+        return line
+
+    def confirm(self, question: str) -> bool:
+        answer = self.read(question)
+        return answer is not None and answer.strip().lower() in ("y", "yes")
+
+
+def _new_session(gateway: Gateway, conversation_id: str) -> None:
+    session = gateway.sessions.resolve(
+        gateway.agent, transport="repl", conversation_id=conversation_id
+    ).session
+    gateway.sessions.reset(gateway.agent, session.session_id, "/new")
+
+
+def _say(out: TextIO | None, text: str) -> None:
+    if out is not None:
+        print(text, file=out, flush=True)
 
 
 @dataclass(frozen=True)
