@@ -371,19 +371,23 @@ class SlackStandIn(StandIn):
             "event_time": int(time.time()),
         }
 
+    def signed_headers(self, body: bytes) -> dict[str, str]:
+        """Slack's request signing: v0 HMAC-SHA256 of "v0:<timestamp>:<body>"."""
+        timestamp = str(int(time.time()))
+        base = f"v0:{timestamp}:".encode() + body
+        digest = hmac.new(self.signing_secret.encode(), base, hashlib.sha256).hexdigest()
+        return {
+            "Content-Type": "application/json",
+            "X-Slack-Request-Timestamp": timestamp,
+            "X-Slack-Signature": f"v0={digest}",
+        }
+
     async def deliver_event(
         self, app_url: str, payload: dict[str, Any], retry_num: int | None = None
     ) -> int:
         """POSTs the event to the app as Slack does; returns the HTTP status."""
         body = json.dumps(payload).encode()
-        timestamp = str(int(time.time()))
-        base = f"v0:{timestamp}:".encode() + body
-        digest = hmac.new(self.signing_secret.encode(), base, hashlib.sha256).hexdigest()
-        headers = {
-            "Content-Type": "application/json",
-            "X-Slack-Request-Timestamp": timestamp,
-            "X-Slack-Signature": f"v0={digest}",
-        }
+        headers = self.signed_headers(body)
         if retry_num is not None:
             headers.update(
                 {"X-Slack-Retry-Num": str(retry_num), "X-Slack-Retry-Reason": "http_timeout"}

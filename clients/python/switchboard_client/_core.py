@@ -421,8 +421,9 @@ class GatewayRules:
     ) -> Steps[bool]:
         """Records the reply as owed, then sends it; the ledger never blocks the send.
 
-        False when this very reply was recorded before by another instance: it is
-        delivered already, or owed by that instance and redelivered by a claim.
+        False when this very reply was recorded before, by another instance or by this
+        one and no longer attempting: it is delivered already, or owed and redelivered
+        by a claim.
         """
         if platform not in self.adapters:
             raise KeyError(f"no platform adapter named {platform!r}")
@@ -439,7 +440,11 @@ class GatewayRules:
             begin_attempt=True,
         )
         row: dpb.Obligation | None = recorded.obligation if recorded is not None else None
-        if row is not None and row.owner_instance_id != self.instance_id:
+        # Ours to send only while we hold the attempt: a row this instance recorded and
+        # finished before (a platform re-sending the inbound, as Slack retries events,
+        # after this instance redelivered the reply) is delivered or owed already.
+        attempting = row is not None and row.state == dpb.OBLIGATION_STATE_ATTEMPTING
+        if row is not None and (row.owner_instance_id != self.instance_id or not attempting):
             log.info(
                 "reply %s is recorded already (%s); not sending it again",
                 row.id,
