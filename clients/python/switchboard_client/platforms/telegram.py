@@ -17,8 +17,9 @@ turns run in tasks, in order per chat. So a crash after that never brings the
 update back to a gateway that may since have redelivered its reply (Telegram
 has no idempotency key, and a second turn for the same message would send a
 second reply). The cost is a small window, from getUpdates to the inbox post
-(a few RPCs), in which a crash loses the message; after the post, Switchboard's
-resume mark carries the turn over.
+(a few RPCs), in which a crash loses the message, as does a turn that fails
+before the post (the services unreachable: logged); after the post,
+Switchboard's resume mark carries the turn over.
 
 Sends. Telegram has no idempotency key and no way to ask whether a message
 went out, so `idempotent_sends` is False and `was_delivered` is absent: a reply
