@@ -1,0 +1,63 @@
+"""A gateway process running a real platform adapter, for the crash tests.
+
+python -m tests.platforms.gateway_process telegram|slack SESSION DELIVERY PLATFORM_BASE_URL
+
+An `AsyncGateway` (claims and heartbeats every 0.3 s) with `TelegramAdapter`
+polling the Bot API at the base URL, or `SlackAdapter` posting to it and taking
+events on a port of its own, printed as "events: <url>". It prints "ready" once
+booted and runs until SIGTERM (a graceful stop) or SIGKILL (the test's crash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+
+from switchboard_client.aio import AsyncDeliveryClient, AsyncSessionClient
+from switchboard_client.async_gateway import AsyncGateway, Turn
+from switchboard_client.platforms.slack import SlackAdapter
+from switchboard_client.platforms.telegram import TelegramAdapter
+
+from tests.platforms.conftest import BOT
+from tests.platforms.standins import SlackStandIn, TelegramStandIn
+
+
+async def answer(turn: Turn) -> str:
+    return f"answer to {turn.state.state.inbox[-1].message.content}"
+
+
+async def main(platform: str, session_address: str, delivery_address: str, base_url: str) -> None:
+    stopped = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
+    adapter: TelegramAdapter | SlackAdapter
+    if platform == "telegram":
+        adapter = TelegramAdapter(TelegramStandIn.TOKEN, base_url=base_url, poll_timeout_s=1)
+    else:
+        adapter = SlackAdapter(SlackStandIn.TOKEN, SlackStandIn.SECRET, base_url=base_url)
+    async with (
+        AsyncSessionClient(session_address) as sessions,
+        AsyncDeliveryClient(delivery_address) as ledger,
+    ):
+        gateway = AsyncGateway(
+            BOT, "main", sessions, ledger, [adapter], answer, heartbeat_s=0.3, claim_every_s=0.3
+        )
+        await gateway.start()
+        if isinstance(adapter, TelegramAdapter):
+            polling = asyncio.create_task(adapter.poll(gateway.handle))
+            print("ready", flush=True)
+            await stopped.wait()
+            adapter.stop()
+            await polling
+        else:
+            runner = await adapter.serve_events(gateway.handle, "127.0.0.1", 0)
+            port = runner.addresses[0][1]
+            print(f"events: http://127.0.0.1:{port}/", flush=True)
+            print("ready", flush=True)
+            await stopped.wait()
+            await runner.cleanup()
+        await gateway.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:5]))
