@@ -279,6 +279,11 @@ def test_a_full_turn_and_heartbeats_keep_the_gateway_live(
     assert {row.owner_instance_id for row in rows} == {instance_id}
     assert [event["last"] for event in (gateway.event(), gateway.event())] == ["hello", "again"]
     assert resumable(services) == []
+    # The platform hands "hello" over again (an event retry): the same reply is not sent twice.
+    assert gateway.answer(gateway.handle("hello", "m-1")) == "answer to hello"
+    assert len(sends(tmp_path / "sends.jsonl")) == 2
+    assert len(list(services.ledger.list())) == 2
+    assert resumable(services) == []
 
     # Three leases (1 s each) on, the instance is still live: heartbeats extend it.
     first = services.ledger.instance(instance_id)

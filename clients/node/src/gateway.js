@@ -484,7 +484,8 @@ export class Gateway {
   /**
    * Records the reply as owed (straight into ATTEMPTING), then sends it; the ledger
    * never blocks the send. Resolves to what happened:
-   * - 'sent': the platform took it;
+   * - 'sent': the platform took it (now, or before: this reply to this message
+   *   was recorded and delivered by this instance already, so it is not sent twice);
    * - 'retrying': the send failed retryably, a claim redelivers it;
    * - 'given up': the send failed for good (or unrecorded: nobody will retry it);
    * - 'owed elsewhere': this reply was recorded before by another instance, which
@@ -496,10 +497,15 @@ export class Gateway {
   async deliver(reply) {
     const adapter = this.adapters.get(reply.platform);
     if (!adapter) throw new Error(`no platform adapter named ${JSON.stringify(reply.platform)}`);
-    const row = await this._recordBestEffort(reply);
-    if (row && row.ownerInstanceId !== this.instanceId) {
+    const recorded = await this._recordBestEffort(reply);
+    const row = recorded?.obligation ?? null;
+    if (recorded && (row.ownerInstanceId !== this.instanceId || !recorded.created)) {
       this.log.info(`reply ${row.id} is recorded already (${row.state}); not sending it again`);
-      return 'owed elsewhere';
+      // Ours and delivered: this very reply to this very message went out before
+      // (the platform handed the message over twice, say). Otherwise its holder
+      // (another instance, or a claim of ours) delivers it.
+      const ours = row.ownerInstanceId === this.instanceId && row.state === DELIVERED;
+      return ours ? 'sent' : 'owed elsewhere';
     }
     return this._send(adapter, row, reply.chatId, reply.threadId ?? '', reply.content);
   }
@@ -508,11 +514,11 @@ export class Gateway {
    * RecordObligation for the send path: on any failure, logs and resolves to null.
    * @param {{ sessionKey: string, messageRef: string, content: string, platform: string,
    *   chatId: string, threadId?: string, metadata?: Record<string, string> }} reply
-   * @returns {Promise<Record<string, any> | null>}
+   * @returns {Promise<{ obligation: Record<string, any>, created: boolean } | null>}
    */
   async _recordBestEffort(reply) {
     try {
-      const { obligation } = await this.delivery.recordObligation(
+      return await this.delivery.recordObligation(
         {
           instanceId: this.instanceId,
           sessionKey: reply.sessionKey,
@@ -527,7 +533,6 @@ export class Gateway {
         // The send must not wait for retries of the record.
         { timeoutMs: this.recordTimeoutMs, attempts: 1 },
       );
-      return obligation;
     } catch (error) {
       // Content stays out of the log on purpose: it is the user's message.
       this.log.warn(
