@@ -60,7 +60,9 @@ def node_modules() -> None:
     """What package-lock.json pins, installed once (tests/test_node_client.py does the same)."""
     lock = json.loads((NODE_CLIENT / "package-lock.json").read_text())
     wanted = {
-        path: entry["version"] for path, entry in lock["packages"].items() if path and "version" in entry
+        path: entry["version"]
+        for path, entry in lock["packages"].items()
+        if path and "version" in entry
     }
     installed = NODE_CLIENT / "node_modules" / ".package-lock.json"
     if installed.exists():
@@ -197,7 +199,9 @@ def sends(path: Path) -> list[dict[str, str]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def wait_for(condition: Callable[[], bool], what: str, tick: Callable[[], object] = lambda: None) -> None:
+def wait_for(
+    condition: Callable[[], bool], what: str, tick: Callable[[], object] = lambda: None
+) -> None:
     deadline = time.monotonic() + 30
     while not condition():
         assert time.monotonic() < deadline, what
@@ -363,7 +367,11 @@ def test_a_node_gateway_killed_between_send_and_mark_is_recovered_by_another_nod
     # A plain adapter (name, connect, send): the safe defaults put the marker on.
     rescuer = node_gateways(file.name, platform={"minimal": True})
     rescuer.call("start")
-    wait_for(lambda: len(sends(file)) >= 2, "nothing was redelivered", tick=lambda: rescuer.call("recover"))
+    wait_for(
+        lambda: len(sends(file)) >= 2,
+        "nothing was redelivered",
+        tick=lambda: rescuer.call("recover"),
+    )
     rescuer.stop()
     [first, again] = sends(file)
     assert (again["text"], again["key"]) == (RECOVERED_MARKER + ANSWER, owed.id)
@@ -378,13 +386,17 @@ def test_a_python_gateway_killed_mid_send_is_recovered_by_a_node_gateway(
         sys.executable, "-m", "tests.clients.gateway_process",
         services.session_address, services.delivery_address,
     ]  # fmt: skip
-    crashed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    crashed = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
+    )
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     [owed] = list(services.ledger.list())
     file = tmp_path / "node.jsonl"
     rescuer = node_gateways(file.name)
     rescuer.call("start")
-    wait_for(lambda: bool(sends(file)), "nothing was redelivered", tick=lambda: rescuer.call("recover"))
+    wait_for(
+        lambda: bool(sends(file)), "nothing was redelivered", tick=lambda: rescuer.call("recover")
+    )
     rescuer.stop()
     assert [(s["text"], s["key"]) for s in sends(file)] == [(RECOVERED_MARKER + ANSWER, owed.id)]
     assert_recovered_once_with_marker(services, owed)
