@@ -142,6 +142,8 @@ export class PlatformAdapter {
  * @property {number} [heartbeatMs] 10000.
  * @property {number} [claimEveryMs] 15000.
  * @property {number} [historyWindow] 50 messages.
+ * @property {number} [leaseTtlS] This instance's lease in seconds (default: the server's, 30 s):
+ *   without a heartbeat for this long it counts as dead and its rows are recovered by others.
  * @property {number} [recordTimeoutMs] Deadline of the record before a send (2000): the ledger never holds a send up for long.
  * @property {Logger} [logger] Default: warnings and errors to the console.
  */
@@ -166,6 +168,7 @@ export class Gateway {
     this.heartbeatMs = options.heartbeatMs ?? 10_000;
     this.claimEveryMs = options.claimEveryMs ?? 15_000;
     this.historyWindow = options.historyWindow ?? 50;
+    this.leaseTtlS = options.leaseTtlS ?? null;
     this.recordTimeoutMs = options.recordTimeoutMs ?? 2000;
     this.log = options.logger ?? CONSOLE_LOGGER;
     /** This process start's ledger instance id ("" before start()). */
@@ -196,12 +199,10 @@ export class Gateway {
         this.log.error(`platform ${adapter.name} did not connect: ${describe(error)}`);
       }
     }
-    const { instance } = await this.delivery.registerInstance({
-      gatewayName: this.name,
-      platforms: this.platforms(),
-      host: os.hostname(),
-      pid: String(process.pid),
-    });
+    /** @type {Record<string, any>} */
+    const request = { gatewayName: this.name, platforms: this.platforms(), host: os.hostname(), pid: String(process.pid) };
+    if (this.leaseTtlS) request.leaseTtl = duration(this.leaseTtlS);
+    const { instance } = await this.delivery.registerInstance(request);
     this.instanceId = instance.instanceId;
     this._every(this.heartbeatMs, () => this._heartbeat());
     await this.recover();

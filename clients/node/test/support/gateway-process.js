@@ -121,6 +121,7 @@ const gateway = new Gateway({
   callback: callback(config.callback ?? 'echo'),
   heartbeatMs: config.heartbeatMs ?? 200,
   claimEveryMs: config.claimEveryMs ?? 3_600_000,
+  leaseTtlS: config.leaseTtlS ?? null,
   logger: {
     info: (message) => console.error(`info: ${message}`),
     warn: (message) => console.error(`warn: ${message}`),
