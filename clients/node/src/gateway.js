@@ -200,7 +200,12 @@ export class Gateway {
       }
     }
     /** @type {Record<string, any>} */
-    const request = { gatewayName: this.name, platforms: this.platforms(), host: os.hostname(), pid: String(process.pid) };
+    const request = {
+      gatewayName: this.name,
+      platforms: this.platforms(),
+      host: os.hostname(),
+      pid: String(process.pid),
+    };
     if (this.leaseTtlS) request.leaseTtl = duration(this.leaseTtlS);
     const { instance } = await this.delivery.registerInstance(request);
     this.instanceId = instance.instanceId;
