@@ -309,6 +309,28 @@ def test_a_full_turn_and_heartbeats_keep_the_gateway_live(
     assert not stopped.live and stopped.HasField("deregister_time"), "deregistered on stop"
 
 
+def test_a_failed_send_is_retried_by_a_periodic_claim_and_the_turn_finished_once(
+    services: Services, node_gateways: Callable[..., NodeGateway], tmp_path: Path
+) -> None:
+    gateway = node_gateways(platform={"mode": "fail-once"}, claimEveryMs=200)
+    gateway.call("start")
+    gateway.answer(gateway.handle("hello", "m-1"))  # a 503, with retry_after 0.2 s
+    [row] = list(services.ledger.list())
+    wait_for(
+        lambda: bool(sends(tmp_path / "sends.jsonl")) and resumable(services) == [],
+        "the retried reply did not go out and finish the turn",
+    )
+    gateway.stop()
+    assert [s["text"] for s in sends(tmp_path / "sends.jsonl")] == [
+        RECOVERED_MARKER + "answer to hello"
+    ]
+    delivered = services.ledger.get(row.id)
+    assert (delivered.state, delivered.attempts) == (dpb.OBLIGATION_STATE_DELIVERED, 1)
+    assert history(services) == [(pb.ROLE_USER, "hello"), (pb.ROLE_ASSISTANT, "answer to hello")], (
+        "the reply is in the history once: the retry finished the turn, the failure did not"
+    )
+
+
 # -- kill rounds ------------------------------------------------------------------------
 
 

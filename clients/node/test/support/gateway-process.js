@@ -18,7 +18,8 @@ import { DeliveryClient, Gateway, PlatformAdapter, SendFailed, SessionClient } f
  * @property {string} name
  * @property {string} file Where sends are appended, one JSON line each.
  * @property {string} [mode] 'ok', 'die-after-send' (SIGKILL once the send is on file),
- *   'fail' (SendFailed, retryable), 'reject' (not retryable).
+ *   'fail' (SendFailed, retryable, retry after 0.2 s), 'fail-once' (the first send fails
+ *   so, later ones go out), 'reject' (not retryable).
  * @property {boolean} [connectFails] connect() throws.
  * @property {boolean} [idempotent] The platform drops a second send with the same key.
  * @property {boolean} [minimal] A plain object with name, connect and send only:
@@ -67,7 +68,9 @@ class FilePlatform extends PlatformAdapter {
    * @param {string} key
    */
   async send(chatId, threadId, text, key) {
-    if (this.config.mode === 'fail') throw new SendFailed('503 from the test platform', { retryAfterS: 0.2 });
+    const failing = this.config.mode === 'fail' || this.config.mode === 'fail-once';
+    if (this.config.mode === 'fail-once') this.config.mode = 'ok';
+    if (failing) throw new SendFailed('503 from the test platform', { retryAfterS: 0.2 });
     if (this.config.mode === 'reject') throw new SendFailed('403: blocked by the user', { retryable: false });
     const known = this.idempotentSends && key ? this.byKey.get(key) : undefined;
     if (known) return known;
