@@ -452,9 +452,11 @@ export class Gateway {
       threadId,
       metadata,
     });
-    // 'owed elsewhere': the instance that owes it finishes the turn when it delivers;
-    // 'retrying': the claim that redelivers it does.
-    if (outcome === 'sent' || outcome === 'given up') await this._finishTurn(sessionId, reply, inbox, through);
+    // The turn ends with the reply, even one still to be retried: a mark left
+    // behind would go stale and reset the conversation. A claim that redelivers
+    // the reply later finds the turn finished. 'owed elsewhere': the instance
+    // that owes it finishes the turn when it delivers.
+    if (outcome !== 'owed elsewhere') await this._finishTurn(sessionId, reply, inbox, through);
     return reply;
   }
 
@@ -574,14 +576,16 @@ export class Gateway {
         }
       }
       const text = row.needsMarker && !idempotent ? RECOVERED_MARKER + row.content : row.content;
-      const outcome = await this._send(adapter, row, row.chatId, row.threadId, text);
-      if (outcome === 'sent' || outcome === 'given up') await this._finishRecoveredTurn(row);
+      await this._send(adapter, row, row.chatId, row.threadId, text);
+      await this._finishRecoveredTurn(row); // whatever the outcome, as for a first send
     }
     return obligations.length;
   }
 
   /**
-   * A redelivered reply completes the turn it came from, so it is not re-run.
+   * A redelivered reply completes the turn it came from, so it is not re-run;
+   * unless that turn was finished already (its inbox drained when a first send
+   * failed and was left to a retry): the reply is in the history once.
    * @param {Record<string, any>} row
    */
   async _finishRecoveredTurn(row) {
@@ -591,6 +595,7 @@ export class Gateway {
       const { state } = await this.sessions.getSessionState({ agent: this.agent, sessionId });
       const through = inboxThrough(row);
       const inbox = (state.inbox ?? []).filter((/** @type {any} */ q) => BigInt(q.sequence) <= through);
+      if (through && !inbox.length) return;
       await this._finishTurn(sessionId, row.content, inbox, through);
     } catch (error) {
       if (!(error instanceof SwitchboardError)) throw error;
