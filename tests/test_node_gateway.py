@@ -327,7 +327,7 @@ def test_a_failed_send_is_retried_by_a_periodic_claim_and_the_turn_finished_once
     delivered = services.ledger.get(row.id)
     assert (delivered.state, delivered.attempts) == (dpb.OBLIGATION_STATE_DELIVERED, 1)
     assert history(services) == [(pb.ROLE_USER, "hello"), (pb.ROLE_ASSISTANT, "answer to hello")], (
-        "the reply is in the history once: the retry finished the turn, the failure did not"
+        "the reply is in the history once: the failure ended the turn, the retry added nothing"
     )
 
 
