@@ -187,6 +187,10 @@ def test_periodic_claims_retry_a_failed_send(services: Services) -> None:
     finally:
         gateway.stop()
     assert [s.text for s in platform.sent] == [RECOVERED_MARKER + "answer to hello"]
+    assert _history(services) == [
+        (pb.ROLE_USER, "hello"),
+        (pb.ROLE_ASSISTANT, "answer to hello"),
+    ], "the turn ended with its reply once; the retried send adds nothing to it"
 
 
 @both

@@ -506,6 +506,10 @@ class GatewayRules:
             answer = yield _sessions("state", self.agent, session_id)
             through = int(row.metadata.get("inbox_through", "0"))
             inbox = [q for q in answer.state.inbox if q.sequence <= through]
+            if through and not inbox:
+                # Its inbox is drained: the turn ended already, with this reply in the
+                # history (its first send failed, and a claim retried it). Nothing to add.
+                return
             yield from self._finish_turn(session_id, row.content, inbox, through)
         except SwitchboardError as error:
             log.warning("could not complete the recovered turn of %s: %s", session_id, error)
