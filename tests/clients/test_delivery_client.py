@@ -25,7 +25,7 @@ from tests.harness import InProcessDelivery
 
 SESSION = "agent:main:slack:channel:C1"
 
-READS = {"GetInstance", "GetObligation", "ListObligations", "GetLedgerStats"}
+READS = {"GetInstance", "GetObligation", "ListObligations", "GetLedgerStats", "ListInstances"}
 #: Every write carries a request id, so a retry is answered, not run again.
 WRITES = {
     method.name

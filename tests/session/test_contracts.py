@@ -354,7 +354,7 @@ def test_the_log_command_prints_the_filtered_log(service: InProcessSession) -> N
         ["session", "log", "--address", service.address, "--type", "message_appended", "--json"],
     )
     assert shown.exit_code == 0, shown.output
-    [line] = shown.output.splitlines()
+    [line] = shown.stdout.splitlines()  # the in-process server logs to stderr
     entry = json.loads(line)
     assert entry["event"]["messageAppended"]["message"]["content"] == "hello"
     table = runner.invoke(cli.main, ["session", "log", "--address", service.address])

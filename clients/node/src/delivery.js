@@ -151,6 +151,17 @@ export class DeliveryClient extends BaseClient {
   }
 
   /**
+   * Lists gateway instances, latest registered first, with liveness and the owed
+   * rows each holds, paginated (admin only).
+   * @param {ProtoMessage} [request] ListInstancesRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} ListInstancesResponse
+   */
+  listInstances(request, options) {
+    return this._unary('ListInstances', request, options);
+  }
+
+  /**
    * Operator action (admin only): makes a FAILED or ABANDONED row due for
    * redelivery now, with its attempts budget reset. A DELIVERED row is never
    * reopened.
