@@ -10,8 +10,9 @@ exist only when an agent opts in: users were surprised by automatic resets.
 
 from __future__ import annotations
 
+from session_service.checks import agent_name, checked_session_id
 from session_service.freshness import EXPIRED, is_stale
-from session_service.sessions import Sessions, agent_name, checked_session_id
+from session_service.sessions import Sessions
 from switchboard import validation
 from switchboard.session.v1 import session_service_pb2 as pb
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from session_service.sessions import Sessions, agent_name, checked_session_id
+from session_service.checks import agent_name, checked_session_id
+from session_service.sessions import Sessions
 from switchboard import pagination, validation
 from switchboard.errors import InvalidArgument
 from switchboard.proto_time import timestamp

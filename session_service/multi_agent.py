@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from session_service import permissions, pii, routing
-from session_service.sessions import (
-    Sessions,
+from session_service.checks import (
     agent_name,
+    checked_message,
     checked_session_id,
-    new_session_id,
     refuse_unanswerable,
 )
+from session_service.sessions import Sessions, new_session_id
 from switchboard import validation
 from switchboard.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from switchboard.idempotency import NotAnAnswer
@@ -177,7 +177,7 @@ class MultiAgent:
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
         validation.routing_key("context", context or "default", max_len=256)
-        self.sessions.checked_message("task", task)
+        checked_message("task", task, self.sessions.limits.max_content_bytes)
         source = pb.Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
 
         def then(now: float) -> tuple[pb.Session, bool]:
@@ -213,7 +213,7 @@ class MultiAgent:
         agent_name("agent", agent)
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
-        self.sessions.checked_message("message", message)
+        checked_message("message", message, self.sessions.limits.max_content_bytes)
         if source is not None:
             routing.checked_source(source)
         elif to_session_id:

@@ -7,7 +7,6 @@ transaction through `project`, the one function a rebuild replays too.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -17,6 +16,17 @@ from typing import Any
 from google.protobuf import field_mask_pb2
 
 from session_service import freshness, permissions, pii, replay, routing
+from session_service.checks import (
+    MAX_AGENT_BYTES,
+    MAX_EVENTS_PER_APPEND,
+    MAX_SESSION_STATE_BYTES,
+    agent_name,
+    checked_agent,
+    checked_input,
+    checked_message,
+    checked_session_id,
+    refuse_unanswerable,
+)
 from session_service.log_store import (
     AgentIndex,
     LogStore,
@@ -40,22 +50,10 @@ from switchboard.idempotency import DEFAULT_WINDOW_S
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2 as pb
 
-_AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-_SESSION_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-MAX_EVENTS_PER_APPEND = 100
-#: An agent travels whole in GetAgent, PutMemory and GetSessionState answers; kept well
-#: below gRPC's default 4 MiB receive limit so that every client can still read it.
-MAX_AGENT_BYTES = 1024 * 1024
-#: A session's state (inbox, outbox, task, temp state) travels whole in GetSessionState,
-#: next to its agent: together they stay below that 4 MiB too.
-MAX_SESSION_STATE_BYTES = 2 * 1024 * 1024
 #: The events that make a session's state bigger; history messages do not enter it.
 _STATE_GROWING = frozenset({"inbox_posted", "outbox_queued", "task_set", "temp_state_changed"})
 #: The events that carry a message, whose sender is a platform user id.
 _CARRYING_MESSAGES = ("message_appended", "outbox_queued", "inbox_posted")
-#: What logging adds to an event beyond its input, at most, in encoded bytes: the
-#: sequence, time and versions, a redacted sender, and the answer's field framing.
-_LOGGED_EVENT_OVERHEAD = 128
 
 
 @dataclass(frozen=True)
@@ -74,41 +72,6 @@ class SessionLimits:
     watch_queue_bytes: int = 4 * 1024 * 1024
     #: How long a request id's answer is kept for retries.
     request_id_window_s: float = DEFAULT_WINDOW_S
-
-
-def agent_name(field: str, value: str) -> str:
-    if not _AGENT_NAME.fullmatch(value):
-        raise InvalidArgument(
-            field,
-            f"{value[:70]!r} is not an agent name: 1-63 lower-case letters, digits, '-' or '_', "
-            "starting with a letter or digit",
-        )
-    return value
-
-
-def checked_session_id(value: str) -> str:
-    if not _SESSION_ID.fullmatch(value) or ".." in value:
-        raise InvalidArgument(
-            "session_id",
-            "must be 1-128 letters, digits, '-', '_' or '.', without '..'",
-            reason="UNSAFE_ID",
-        )
-    return value
-
-
-def refuse_unanswerable(field: str, input_sizes: Sequence[int], remedy: str) -> None:
-    """Refuses, before anything is written, a write whose answer would echo events
-    too big for one answer (`input_sizes`: each event's input, encoded): a client
-    that could not read the answer would take a committed write for a failed one,
-    and its retry would write it twice."""
-    answer = sum(size + _LOGGED_EVENT_OVERHEAD for size in input_sizes)
-    if answer > pagination.MAX_ANSWER_BYTES:
-        raise InvalidArgument(
-            field,
-            f"the answer would be about {answer} bytes, more than the "
-            f"{pagination.MAX_ANSWER_BYTES} every client can read: {remedy}",
-            reason="ANSWER_TOO_LARGE",
-        )
 
 
 def new_session_id() -> str:
@@ -179,48 +142,6 @@ class Sessions:
             poll_s=limits.watch_poll_s,
         )
         self.watching = Watching(runner, store, watch_limits, self._watchable)
-
-    # == validation ========================================================================
-
-    def checked_message(self, field: str, message: pb.Message) -> pb.Message:
-        if message.role == pb.ROLE_UNSPECIFIED or message.role not in pb.Role.values():
-            raise InvalidArgument(f"{field}.role", "must be USER, ASSISTANT, SYSTEM or TOOL")
-        size = len(message.content.encode("utf-8"))
-        if size > self.limits.max_content_bytes:
-            raise InvalidArgument(
-                f"{field}.content",
-                f"is {size} bytes; this server accepts at most {self.limits.max_content_bytes}",
-                reason="CONTENT_TOO_LARGE",
-            )
-        validation.text(f"{field}.sender", message.sender, max_len=256)
-        validation.text(f"{field}.message_ref", message.message_ref, max_len=256)
-        validation.text(f"{field}.tool_call_id", message.tool_call_id, max_len=256)
-        for index, call in enumerate(message.tool_calls):
-            validation.text(f"{field}.tool_calls[{index}].id", call.id, max_len=256, required=True)
-            validation.text(f"{field}.tool_calls[{index}].name", call.name, max_len=256)
-            validation.text(
-                f"{field}.tool_calls[{index}].arguments",
-                call.arguments,
-                max_len=self.limits.max_content_bytes,
-                allow_newlines=True,
-            )
-        validation.string_map(f"{field}.metadata", message.metadata)
-        return message
-
-    def _checked_agent(self, agent: pb.Agent) -> None:
-        agent_name("agent.name", agent.name)
-        validation.text("agent.display_name", agent.display_name, max_len=256)
-        validation.text("agent.workspace_root", agent.workspace_root, max_len=1024)
-        permissions.checked_rules("agent.permissions", agent.permissions)
-        for index, peer in enumerate(agent.peers):
-            agent_name(f"agent.peers[{index}]", peer)
-        if agent.parent:
-            agent_name("agent.parent", agent.parent)
-        validation.string_map("agent.memory", agent.memory, max_entries=1000)
-        if agent.ByteSize() > MAX_AGENT_BYTES:
-            raise InvalidArgument(
-                "agent", f"is {agent.ByteSize()} bytes encoded; the limit is {MAX_AGENT_BYTES}"
-            )
 
     # == the log ===========================================================================
 
@@ -363,7 +284,7 @@ class Sessions:
         return agent
 
     async def create_agent(self, agent: pb.Agent) -> pb.Agent:
-        self._checked_agent(agent)
+        checked_agent(agent)
         created = pb.Agent()
         created.CopyFrom(agent)
         for field in ("archived", "version", "last_sequence", "create_time", "update_time"):
@@ -475,7 +396,7 @@ class Sessions:
                 )
         if not mask.IsValidForDescriptor(pb.Agent.DESCRIPTOR):
             raise InvalidArgument("update_mask", "names a field the Agent message does not have")
-        self._checked_agent(agent)
+        checked_agent(agent)
 
         def op(now: float) -> pb.Agent:
             update = pb.AgentUpdated(update_mask=mask)
@@ -782,7 +703,9 @@ class Sessions:
         checked_session_id(session_id)
         if not inputs or len(inputs) > MAX_EVENTS_PER_APPEND:
             raise InvalidArgument("events", f"give 1 to {MAX_EVENTS_PER_APPEND} events")
-        bodies = [self._checked_input(i, event) for i, event in enumerate(inputs)]
+        bodies = [
+            checked_input(i, event, self.limits.max_content_bytes) for i, event in enumerate(inputs)
+        ]
         if echo:
             sizes = [event.ByteSize() + len(agent) + len(session_id) for event in inputs]
             refuse_unanswerable("events", sizes, "set sequences_only, or split the append")
@@ -812,30 +735,10 @@ class Sessions:
         result: tuple[list[pb.Event], int, list[int]] = await self.write(op)
         return result
 
-    def _checked_input(self, index: int, event: pb.SessionEventInput) -> tuple[str, Any]:
-        name = event.WhichOneof("body")
-        field = f"events[{index}]"
-        if name is None:
-            raise InvalidArgument(field, "has no event body")
-        body = getattr(event, name)
-        if name in ("message_appended", "outbox_queued"):
-            self.checked_message(f"{field}.{name}.message", body.message)
-        elif name == "task_set":
-            validation.text(f"{field}.task_set.task.task_id", body.task.task_id, max_len=256)
-            validation.text(
-                f"{field}.task_set.task.description",
-                body.task.description,
-                max_len=64 * 1024,
-                allow_newlines=True,
-            )
-        elif name == "temp_state_changed":
-            validation.string_map(f"{field}.temp_state_changed.set", body.set, max_entries=1000)
-        return name, body
-
     async def post_to_inbox(self, agent: str, session_id: str, message: pb.Message) -> pb.Event:
         agent_name("agent", agent)
         checked_session_id(session_id)
-        self.checked_message("message", message)
+        checked_message("message", message, self.limits.max_content_bytes)
         size = message.ByteSize() + len(agent) + len(session_id)
         refuse_unanswerable("message", [size], "shorten the message")
 
