@@ -45,7 +45,7 @@ def fill_summaries(sessions: Sessions, batch: int = 500) -> int:
     `projection_summaries`) the fold of its log, a batch per write transaction; how many.
 
     Until then reads fold such a row whole, so serving can start at once; after it every
-    row is current, since `Sessions.project` folds summaries on with each event."""
+    row is current, since `Projection.project` folds summaries on with each event."""
     store = sessions.store
     agents, session_ids = sessions.runner.submit_read(store.unsummarized).result()
     for start in range(0, max(len(agents), len(session_ids)), batch):
@@ -82,12 +82,12 @@ def rebuild(
         for event in store.active_events():
             batch.append(event)
             if len(batch) == 1000:
-                sessions.project(batch)
+                sessions.projection.project(batch)
                 report.events += len(batch)
                 batch = []
                 if progress is not None:
                     progress(report.events, total)
-        sessions.project(batch)
+        sessions.projection.project(batch)
         report.events += len(batch)
         if progress is not None:
             progress(report.events, total)

@@ -107,6 +107,7 @@ class TimeTravel:
     def __init__(self, sessions: Sessions) -> None:
         self.sessions = sessions
         self.store = sessions.store
+        self.projection = sessions.projection
 
     # -- checkpoints ------------------------------------------------------------------------
 
