@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.servers import postgres_schema, postgres_unreachable_reason
+from session_service.core import SessionLimits
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
-from session_service.sessions import SessionLimits, Sessions, new_session_id
+from session_service.sessions import Sessions, new_session_id
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.runner import TransactionRunner

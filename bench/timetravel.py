@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from session_service.core import SessionLimits
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
-from session_service.sessions import SessionLimits, Sessions, new_session_id
+from session_service.sessions import Sessions, new_session_id
 from session_service.time_travel import TimeTravel
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend

@@ -10,10 +10,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from session_service import pii, recovery
+from session_service.core import SessionLimits
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
 from session_service.servicer import SessionServicer
-from session_service.sessions import SessionLimits, Sessions
+from session_service.sessions import Sessions
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.idempotency import SESSION_REQUESTS, RequestStore

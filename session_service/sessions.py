@@ -8,14 +8,13 @@ transaction through `project`, the one function a rebuild replays too.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from fnmatch import fnmatchcase
-from typing import Any
 
 from google.protobuf import field_mask_pb2
 
-from session_service import freshness, permissions, pii, replay, routing
+from session_service import freshness, permissions, replay, routing
 from session_service.checks import (
     MAX_AGENT_BYTES,
     MAX_EVENTS_PER_APPEND,
@@ -27,15 +26,13 @@ from session_service.checks import (
     checked_session_id,
     refuse_unanswerable,
 )
+from session_service.core import Core
 from session_service.log_store import (
     AgentIndex,
-    LogStore,
     SessionIndex,
     agent_summary,
     session_entity,
 )
-from session_service.projection import Projection
-from session_service.watching import Watching, WatchLimits
 from switchboard import pagination, validation
 from switchboard.errors import (
     Aborted,
@@ -45,86 +42,18 @@ from switchboard.errors import (
     NotFound,
     PermissionDenied,
 )
-from switchboard.idempotency import DEFAULT_WINDOW_S
-from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2 as pb
 
 #: The events that make a session's state bigger; history messages do not enter it.
 _STATE_GROWING = frozenset({"inbox_posted", "outbox_queued", "task_set", "temp_state_changed"})
-#: The events that carry a message, whose sender is a platform user id.
-_CARRYING_MESSAGES = ("message_appended", "outbox_queued", "inbox_posted")
-
-
-@dataclass(frozen=True)
-class SessionLimits:
-    #: A snapshot is written when an entity has this many events since its last one.
-    snapshot_every: int = 100
-    #: Longest message content accepted, in UTF-8 bytes.
-    max_content_bytes: int = 256 * 1024
-    #: How often the log tailer looks for events no notification announced (other
-    #: replicas on SQLite, or Postgres while LISTEN is down).
-    watch_poll_s: float = 1.0
-    #: WatchEvents streams held at once (--max-watchers), and each live watcher's queue
-    #: bound: beyond it the watcher is ended WATCHER_TOO_SLOW (see `watching`).
-    max_watchers: int = 4000
-    watch_queue_events: int = 1000
-    watch_queue_bytes: int = 4 * 1024 * 1024
-    #: How long a request id's answer is kept for retries.
-    request_id_window_s: float = DEFAULT_WINDOW_S
 
 
 def new_session_id() -> str:
     return f"s_{uuid.uuid4().hex}"
 
 
-def _messages_of(events: Sequence[pb.Event]) -> list[pb.Message]:
-    """The messages the events carry (references: changing one changes its event)."""
-    bodies = [(event, event.WhichOneof("body")) for event in events]
-    return [getattr(event, body).message for event, body in bodies if body in _CARRYING_MESSAGES]
-
-
-class Sessions:
-    def __init__(
-        self,
-        runner: TransactionRunner,
-        store: LogStore,
-        limits: SessionLimits,
-        redactor: pii.Redactor | None = None,
-    ) -> None:
-        self.runner = runner
-        self.store = store
-        self.limits = limits
-        #: Hashes the ids agents with `settings.redact_pii` must not store raw.
-        self.redactor = redactor or pii.Redactor()
-        self.projection = Projection(store, limits.snapshot_every)
-        watch_limits = WatchLimits(
-            max_watchers=limits.max_watchers,
-            queue_events=limits.watch_queue_events,
-            queue_bytes=limits.watch_queue_bytes,
-            poll_s=limits.watch_poll_s,
-        )
-        self.watching = Watching(runner, store, watch_limits, self._watchable)
-
+class Sessions(Core):
     # == the log ===========================================================================
-
-    def log(
-        self, now: float, events: Sequence[pb.Event], session: SessionIndex | None = None
-    ) -> list[pb.Event]:
-        """Appends events and keeps the projections and snapshots with them. `session`:
-        the projection row of the events' session as the caller read it in this
-        transaction (under the log lock), so that it is not read again."""
-        self.projection.number_agent_events(events)
-        logged = self.store.append(events, now)
-        self.projection.project(logged, snapshot=True, known=session)
-        return logged
-
-    def notify_watchers(self) -> None:
-        self.watching.notify()
-
-    async def write(self, op: Callable[[float], Any]) -> Any:
-        result = await self.runner.write(op)
-        self.notify_watchers()
-        return result
 
     # == agents ============================================================================
 
@@ -311,32 +240,6 @@ class Sessions:
         return result
 
     # == sessions: routing and lifecycle ===================================================
-
-    def session_of(self, agent: str, session_id: str) -> SessionIndex:
-        """The agent's session; another agent's session is NOT_FOUND too (routing is scoped)."""
-        index = self.store.session_index(session_id)
-        if index is None or index.agent != agent:
-            raise NotFound("SESSION_NOT_FOUND", f"agent {agent!r} has no session {session_id!r}")
-        return index
-
-    def open_session_of(self, agent: str, session_id: str) -> SessionIndex:
-        index = self.session_of(agent, session_id)
-        if index.status != pb.SESSION_STATUS_OPEN:
-            raise FailedPrecondition(
-                "SESSION_ENDED", f"session {session_id!r} has ended; resolve or spawn a new one"
-            )
-        return index
-
-    def summary(self, session_id: str, index: SessionIndex | None = None) -> pb.Session:
-        """The session as its projection row keeps it: one statement, none when the
-        caller passes the row it read in this transaction."""
-        index = index or self.store.session_index(session_id)
-        assert index is not None, f"no session {session_id!r}"
-        if index.summary is None:  # a row not summarized yet (see `recovery.fill_summaries`)
-            state = self.store.session_state(session_id)
-            assert state is not None
-            return state.session
-        return pb.Session.FromString(index.summary)
 
     def agent_summary_of(self, index: AgentIndex) -> pb.Agent:
         """The agent without its memory, from its projection row (a row not summarized
@@ -621,32 +524,6 @@ class Sessions:
 
     # == personal ids ======================================================================
 
-    def redactor_for(self, settings: pb.AgentSettings) -> pii.Redactor | None:
-        """The redactor when the agent redacts PII, else None (ids stored as given)."""
-        return self.redactor if settings.redact_pii else None
-
-    def redacts_pii(self, agent: str) -> bool:
-        """The agent's setting, read from its state: 2 statements (the latest
-        snapshot, the events after it)."""
-        state = self.store.agent_state(agent)
-        return state is not None and state.settings.redact_pii
-
-    def redact_senders(
-        self, agent: str, events: Sequence[pb.Event], redact: bool | None = None
-    ) -> None:
-        """Hashes the senders of the events' messages when `redact` (None: when the
-        agent's settings say so). The agent is read only if some sender is a person's
-        raw id: appends without senders, with agents as senders, or with senders
-        stored redacted before (a turn's inbox moved into its history) cost nothing."""
-        raw = [message for message in _messages_of(events) if pii.sender_is_raw(message.sender)]
-        if not raw:
-            return
-        if redact is None:
-            redact = self.redacts_pii(agent)
-        if redact:
-            for message in raw:
-                message.sender = self.redactor.sender(message.sender)
-
     def _refuse_state_growth_past_limit(self, session_id: str, events: Sequence[pb.Event]) -> None:
         growth = sum(e.ByteSize() for e in events if e.WhichOneof("body") in _STATE_GROWING)
         if not growth:
@@ -751,9 +628,3 @@ class Sessions:
             checked_session_id(session_id)
         validation.int64("after_sequence", after)
         return self.watching.watch(after, agent, session_id)
-
-    def _watchable(self, agent: str, session_id: str) -> None:
-        if agent:
-            self.session_of(agent, session_id)
-        elif self.store.session_index(session_id) is None:
-            raise NotFound("SESSION_NOT_FOUND", f"there is no session {session_id!r}")

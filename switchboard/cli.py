@@ -371,7 +371,7 @@ def serve(
     from delivery_service.state_machine import LedgerLimits
     from session_service import pii
     from session_service.app import SessionUnit
-    from session_service.sessions import SessionLimits
+    from session_service.core import SessionLimits
 
     def database(url: str | None, file_name: str) -> DatabaseSettings:
         return DatabaseSettings(
@@ -491,9 +491,9 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
     from rich.progress import Progress
 
     from session_service import recovery
+    from session_service.core import Core, SessionLimits
     from session_service.log_store import LogStore
     from session_service.migrations import SESSION_SCHEMA
-    from session_service.sessions import SessionLimits, Sessions
     from switchboard.database import open_backend
     from switchboard.runner import TransactionRunner
 
@@ -511,7 +511,7 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
         with Progress() as bar:
             task = bar.add_task("replaying the log", total=None)
             report = recovery.rebuild(
-                Sessions(runner, store, SessionLimits()),
+                Core(runner, store, SessionLimits()),
                 lambda done, total: bar.update(task, completed=done, total=total),
             )
     finally:

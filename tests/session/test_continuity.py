@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import duration_pb2
 
 from session_service import freshness, recovery
-from session_service.sessions import SessionLimits
+from session_service.core import SessionLimits
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import EventLoopThread, InProcessSession, session_server

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from session_service import recovery
-from session_service.sessions import SessionLimits
+from session_service.core import SessionLimits
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import InProcessSession
 from tests.session.conftest import StartSession, append, create_agent, resolve, user_message, web
