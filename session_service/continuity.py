@@ -10,6 +10,7 @@ exist only when an agent opts in: users were surprised by automatic resets.
 
 from __future__ import annotations
 
+from session_service.agents import Agents
 from session_service.checks import agent_name, checked_session_id
 from session_service.freshness import EXPIRED, is_stale
 from session_service.sessions import Sessions
@@ -21,8 +22,9 @@ MAX_HOLDER_LEN = 128
 
 
 class Continuity:
-    def __init__(self, sessions: Sessions) -> None:
+    def __init__(self, sessions: Sessions, agents: Agents) -> None:
         self.sessions = sessions
+        self.agents = agents
 
     async def mark(
         self, agent: str, session_id: str, pending: bool, holder: str = ""
@@ -85,7 +87,7 @@ class Continuity:
         return result
 
     def _interrupted(self, agent: str, now: float) -> tuple[list[pb.Session], list[pb.Session]]:
-        settings = self.sessions.live_agent(agent).settings
+        settings = self.agents.live_agent(agent).settings
         if settings.resume.never_resume:
             return [], []  # never resumed, and its marks never expire
         fresh, stale = [], []

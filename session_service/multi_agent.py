@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from session_service import permissions, pii, routing
+from session_service.agents import Agents
 from session_service.checks import (
     agent_name,
     checked_message,
@@ -34,8 +35,9 @@ class Refused(NotAnAnswer):
 
 
 class MultiAgent:
-    def __init__(self, sessions: Sessions) -> None:
+    def __init__(self, sessions: Sessions, agents: Agents) -> None:
         self.sessions = sessions
+        self.agents = agents
         self.store = sessions.store
 
     # -- the gate ---------------------------------------------------------------------------
@@ -44,12 +46,12 @@ class MultiAgent:
         self, now: float, agent: str, session_id: str, action: str, resource: str
     ) -> tuple[pb.PermissionChecked, int]:
         """Decides for the session and records the decision in its log."""
-        owner = self.sessions.live_agent(agent)
+        owner = self.agents.live_agent(agent)
         index = self.sessions.open_session_of(agent, session_id)
         state = self.store.session_state(session_id)
         assert state is not None
         # The owner's ancestors, read once: their current rules bound a sub-agent.
-        lineage = self.sessions.lineage(owner)
+        lineage = self.agents.lineage(owner)
         decision = permissions.decide(owner, state.session.narrowing, action, resource, lineage)
         checked = pb.PermissionChecked(
             action=action,
@@ -115,7 +117,7 @@ class MultiAgent:
         permissions.checked_rules("narrowing.rules", narrowing.rules)
 
         def op(now: float) -> pb.Session:
-            self.sessions.live_agent(agent)
+            self.agents.live_agent(agent)
             source = self.sessions.session_of(agent, session_id)
             at = at_sequence or source.last_seq
             if at < source.created_seq or at > self.store.head():
@@ -181,7 +183,7 @@ class MultiAgent:
         source = pb.Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
 
         def then(now: float) -> tuple[pb.Session, bool]:
-            receiver = self.sessions.live_agent(to_agent)
+            receiver = self.agents.live_agent(to_agent)
             key = routing.routing_key(to_agent, source, pb.RoutingPolicy())
             existing = self.store.route(to_agent, key)
             created = existing is None
@@ -224,7 +226,7 @@ class MultiAgent:
         refuse_unanswerable("message", [size], "shorten the message")
 
         def then(now: float) -> pb.Event:
-            receiver = self.sessions.live_agent(to_agent)
+            receiver = self.agents.live_agent(to_agent)
             settings = receiver.settings
             target = to_session_id
             if source is not None:

@@ -54,27 +54,28 @@ def _move_fields(move: Move) -> dict[str, Any]:
 class SessionServicer(pb_grpc.SessionServiceServicer):
     def __init__(self, sessions: Sessions, requests: RequestStore) -> None:
         self.sessions = sessions
+        self.agents = sessions.agents
         self.requests = requests
         self.time_travel = TimeTravel(sessions)
-        self.multi_agent = MultiAgent(sessions)
-        self.continuity = Continuity(sessions)
+        self.multi_agent = MultiAgent(sessions, self.agents)
+        self.continuity = Continuity(sessions, self.agents)
         self.log_reads = LogReads(sessions)
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=agent))
     async def CreateAgent(  # noqa: N802
         self, request: pb.CreateAgentRequest, context: Context
     ) -> pb.Agent:
-        return await self.sessions.create_agent(request.agent)
+        return await self.agents.create_agent(request.agent)
 
     async def GetAgent(  # noqa: N802
         self, request: pb.GetAgentRequest, context: Context
     ) -> pb.GetAgentResponse:
-        return pb.GetAgentResponse(agent=await self.sessions.get_agent(request.name))
+        return pb.GetAgentResponse(agent=await self.agents.get_agent(request.name))
 
     async def ListAgents(  # noqa: N802
         self, request: pb.ListAgentsRequest, context: Context
     ) -> pb.ListAgentsResponse:
-        agents, token = await self.sessions.list_agents(
+        agents, token = await self.agents.list_agents(
             request.include_archived, request.page_size, request.page_token
         )
         return pb.ListAgentsResponse(agents=agents, next_page_token=token)
@@ -83,25 +84,25 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def UpdateAgent(  # noqa: N802
         self, request: pb.UpdateAgentRequest, context: Context
     ) -> pb.Agent:
-        return await self.sessions.update_agent(request.agent, request.update_mask)
+        return await self.agents.update_agent(request.agent, request.update_mask)
 
     @mutation(lambda agent: pb.DeleteAgentResponse(agent=agent))
     async def DeleteAgent(  # noqa: N802
         self, request: pb.DeleteAgentRequest, context: Context
     ) -> pb.Agent:
-        return await self.sessions.delete_agent(request.name)
+        return await self.agents.delete_agent(request.name)
 
     @mutation(lambda agent: pb.PutMemoryResponse(agent=agent))
     async def PutMemory(  # noqa: N802
         self, request: pb.PutMemoryRequest, context: Context
     ) -> pb.Agent:
-        return await self.sessions.put_memory(request.agent, request.key, request.value)
+        return await self.agents.put_memory(request.agent, request.key, request.value)
 
     @mutation(lambda agent: pb.DeleteMemoryResponse(agent=agent))
     async def DeleteMemory(  # noqa: N802
         self, request: pb.DeleteMemoryRequest, context: Context
     ) -> pb.Agent:
-        return await self.sessions.delete_memory(request.agent, request.key)
+        return await self.agents.delete_memory(request.agent, request.key)
 
     @mutation(lambda found: pb.ResolveSessionResponse(session=found[0], created=found[1]))
     async def ResolveSession(  # noqa: N802
