@@ -31,10 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.servers import postgres_schema, postgres_unreachable_reason
+from session_service.agents import Agents
+from session_service.conversations import Conversations, new_session_id
 from session_service.core import SessionLimits
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
-from session_service.sessions import Sessions, new_session_id
+from session_service.sessions import Sessions
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.runner import TransactionRunner
@@ -58,13 +60,15 @@ def core(url: str) -> Iterator[Sessions]:
 
 
 def seed(sessions: Sessions, count: int, messages: int) -> None:
+    conversations = Conversations(sessions, Agents(sessions))
+
     def open_all(now: float) -> None:
         agent = pb.Agent(name="bench")
         sessions.log(now, [pb.Event(agent="bench", agent_created=pb.AgentCreated(agent=agent))])
         for n in range(count):
             source = pb.Source(transport="web", conversation_id=f"tab-{n}")
             key = f"agent:bench:web:tab-{n}"
-            session_id = sessions.open_session(now, "bench", new_session_id(), key, source)
+            session_id = conversations.open_session(now, "bench", new_session_id(), key, source)
             index = sessions.store.session_index(session_id.session_id)
             assert index is not None
             events = [
@@ -106,12 +110,13 @@ async def measure(sessions: Sessions, call: Callable[[], Awaitable[Any]]) -> dic
 
 async def figures(sessions: Sessions) -> dict[str, Any]:
     source = pb.Source(transport="web", conversation_id="tab-0")
+    conversations = Conversations(sessions, Agents(sessions))
     return {
         "list": await measure(sessions, lambda: sessions.list_sessions("bench", 0, "", PAGE, "")),
         "list_folded": await measure(
             sessions, lambda: sessions.runner.read(lambda: folded_page(sessions))
         ),
-        "resolve": await measure(sessions, lambda: sessions.resolve("bench", source, "")),
+        "resolve": await measure(sessions, lambda: conversations.resolve("bench", source, "")),
     }
 
 

@@ -31,10 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from session_service.agents import Agents
+from session_service.conversations import Conversations, new_session_id
 from session_service.core import SessionLimits
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
-from session_service.sessions import Sessions, new_session_id
+from session_service.sessions import Sessions
 from session_service.time_travel import TimeTravel
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
@@ -57,6 +59,7 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
     store = LogStore(backend)
     runner = TransactionRunner(backend, settings)
     core = Sessions(runner, store, SessionLimits())
+    conversations = Conversations(core, Agents(core))
     try:
 
         def open_all(now: float) -> list[str]:
@@ -65,7 +68,7 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
             ids = []
             for n in range(sessions):
                 source = pb.Source(transport="web", conversation_id=f"tab-{n}")
-                session = core.open_session(
+                session = conversations.open_session(
                     now, "bench", new_session_id(), f"agent:bench:web:tab-{n}", source
                 )
                 ids.append(session.session_id)

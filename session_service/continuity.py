@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from session_service.agents import Agents
 from session_service.checks import agent_name, checked_session_id
+from session_service.conversations import Conversations
+from session_service.core import Core
 from session_service.freshness import EXPIRED, is_stale
-from session_service.sessions import Sessions
 from switchboard import validation
 from switchboard.session.v1 import session_service_pb2 as pb
 
@@ -22,9 +23,10 @@ MAX_HOLDER_LEN = 128
 
 
 class Continuity:
-    def __init__(self, sessions: Sessions, agents: Agents) -> None:
-        self.sessions = sessions
+    def __init__(self, core: Core, agents: Agents, conversations: Conversations) -> None:
+        self.core = core
         self.agents = agents
+        self.conversations = conversations
 
     async def mark(
         self, agent: str, session_id: str, pending: bool, holder: str = ""
@@ -47,18 +49,18 @@ class Continuity:
         checked_session_id(session_id)
 
         def op(now: float) -> pb.Session:
-            index = self.sessions.open_session_of(agent, session_id)
+            index = self.core.open_session_of(agent, session_id)
             if event.HasField("suspension_changed") and (
-                self.sessions.summary(session_id).suspended == event.suspension_changed.suspended
+                self.core.summary(session_id).suspended == event.suspension_changed.suspended
             ):
-                return self.sessions.summary(session_id)  # a retry: the version moves once
+                return self.core.summary(session_id)  # a retry: the version moves once
             event.agent, event.session_id = agent, session_id
             # A resume mark comes from the gateway, beside a turn: it never conflicts.
             event.session_version = index.version + (1 if versioned else 0)
-            self.sessions.log(now, [event])
-            return self.sessions.summary(session_id)
+            self.core.log(now, [event])
+            return self.core.summary(session_id)
 
-        result: pb.Session = await self.sessions.write(op)
+        result: pb.Session = await self.core.write(op)
         return result
 
     async def list_resumable(self, agent: str) -> tuple[list[pb.Session], list[pb.Session]]:
@@ -68,9 +70,9 @@ class Continuity:
 
         def op() -> tuple[list[pb.Session], list[pb.Session]]:
             # Judged on the database's clock, as the writes that expire them are.
-            return self._interrupted(agent, self.sessions.store.backend.now())
+            return self._interrupted(agent, self.core.store.backend.now())
 
-        return await self.sessions.runner.read(op)
+        return await self.core.runner.read(op)
 
     async def expire_resumable(self, agent: str) -> list[pb.Session]:
         """Resets the agent's stale interrupted sessions, in one transaction; answers
@@ -80,10 +82,10 @@ class Continuity:
         def op(now: float) -> list[pb.Session]:
             _fresh, stale = self._interrupted(agent, now)
             for session in stale:
-                self.sessions.reset_now(now, agent, session.session_id, EXPIRED)
-            return [self.sessions.summary(session.session_id) for session in stale]
+                self.conversations.reset_now(now, agent, session.session_id, EXPIRED)
+            return [self.core.summary(session.session_id) for session in stale]
 
-        result: list[pb.Session] = await self.sessions.write(op)
+        result: list[pb.Session] = await self.core.write(op)
         return result
 
     def _interrupted(self, agent: str, now: float) -> tuple[list[pb.Session], list[pb.Session]]:
@@ -91,8 +93,8 @@ class Continuity:
         if settings.resume.never_resume:
             return [], []  # never resumed, and its marks never expire
         fresh, stale = [], []
-        for index in self.sessions.store.resumable(agent):
-            session = self.sessions.summary(index.session_id)
+        for index in self.core.store.resumable(agent):
+            session = self.core.summary(index.session_id)
             if session.suspended:
                 continue
             (stale if is_stale(settings, session, now) else fresh).append(session)

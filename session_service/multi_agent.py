@@ -19,7 +19,8 @@ from session_service.checks import (
     checked_session_id,
     refuse_unanswerable,
 )
-from session_service.sessions import Sessions, new_session_id
+from session_service.conversations import Conversations, new_session_id
+from session_service.core import Core
 from switchboard import validation
 from switchboard.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from switchboard.idempotency import NotAnAnswer
@@ -35,10 +36,11 @@ class Refused(NotAnAnswer):
 
 
 class MultiAgent:
-    def __init__(self, sessions: Sessions, agents: Agents) -> None:
-        self.sessions = sessions
+    def __init__(self, core: Core, agents: Agents, conversations: Conversations) -> None:
+        self.core = core
         self.agents = agents
-        self.store = sessions.store
+        self.conversations = conversations
+        self.store = core.store
 
     # -- the gate ---------------------------------------------------------------------------
 
@@ -47,7 +49,7 @@ class MultiAgent:
     ) -> tuple[pb.PermissionChecked, int]:
         """Decides for the session and records the decision in its log."""
         owner = self.agents.live_agent(agent)
-        index = self.sessions.open_session_of(agent, session_id)
+        index = self.core.open_session_of(agent, session_id)
         state = self.store.session_state(session_id)
         assert state is not None
         # The owner's ancestors, read once: their current rules bound a sub-agent.
@@ -66,7 +68,7 @@ class MultiAgent:
             session_version=index.version,  # an audit record: never conflicts with a turn
             permission_checked=checked,
         )
-        [logged] = self.sessions.log(now, [event])
+        [logged] = self.core.log(now, [event])
         return checked, logged.sequence
 
     async def check(
@@ -76,7 +78,7 @@ class MultiAgent:
         checked_session_id(session_id)
         validation.text("action", action, max_len=256, required=True)
         validation.text("resource", resource, max_len=1024)
-        result: tuple[pb.PermissionChecked, int] = await self.sessions.write(
+        result: tuple[pb.PermissionChecked, int] = await self.core.write(
             lambda now: self._decide(now, agent, session_id, action, resource)
         )
         return result
@@ -97,7 +99,7 @@ class MultiAgent:
                 return Refused(decision)
             return then(now)
 
-        result = await self.sessions.write(op)
+        result = await self.core.write(op)
         if isinstance(result, Refused):
             raise PermissionDenied(
                 "PERMISSION_DENIED",
@@ -118,7 +120,7 @@ class MultiAgent:
 
         def op(now: float) -> pb.Session:
             self.agents.live_agent(agent)
-            source = self.sessions.session_of(agent, session_id)
+            source = self.core.session_of(agent, session_id)
             at = at_sequence or source.last_seq
             if at < source.created_seq or at > self.store.head():
                 raise InvalidArgument(
@@ -143,7 +145,7 @@ class MultiAgent:
                 forked_at_sequence=at,
                 shares_parent_history=True,
             )
-            return self.sessions.open_session(
+            return self.conversations.open_session(
                 now,
                 agent,
                 new_session_id(),
@@ -156,7 +158,7 @@ class MultiAgent:
                 inherited_message_count=state.session.message_count,
             )
 
-        result: pb.Session = await self.sessions.write(op)
+        result: pb.Session = await self.core.write(op)
         return result
 
     # -- other agents -----------------------------------------------------------------------
@@ -170,7 +172,7 @@ class MultiAgent:
             return True
         if not pii.sender_is_raw(message.sender):
             return False
-        return self.sessions.redacts_pii(sender)
+        return self.core.redacts_pii(sender)
 
     async def delegate(
         self, agent: str, session_id: str, to_agent: str, task: pb.Message, context: str
@@ -179,7 +181,7 @@ class MultiAgent:
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
         validation.routing_key("context", context or "default", max_len=256)
-        checked_message("task", task, self.sessions.limits.max_content_bytes)
+        checked_message("task", task, self.core.limits.max_content_bytes)
         source = pb.Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
 
         def then(now: float) -> tuple[pb.Session, bool]:
@@ -191,12 +193,12 @@ class MultiAgent:
                 lineage = pb.Lineage(
                     parent_session_id=session_id, parent_agent=agent, delegated=True
                 )
-                existing = self.sessions.open_session(
+                existing = self.conversations.open_session(
                     now, to_agent, new_session_id(), key, source, lineage=lineage
                 ).session_id
             redact = self._redacts_between(agent, receiver, task)
-            self.sessions.post(now, to_agent, existing, task, redact)
-            return self.sessions.summary(existing), created
+            self.conversations.post(now, to_agent, existing, task, redact)
+            return self.core.summary(existing), created
 
         result: tuple[pb.Session, bool] = await self._gated(
             agent, session_id, "peer.delegate", f"agent:{to_agent}", then
@@ -215,7 +217,7 @@ class MultiAgent:
         agent_name("agent", agent)
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
-        checked_message("message", message, self.sessions.limits.max_content_bytes)
+        checked_message("message", message, self.core.limits.max_content_bytes)
         if source is not None:
             routing.checked_source(source)
         elif to_session_id:
@@ -231,16 +233,16 @@ class MultiAgent:
             target = to_session_id
             if source is not None:
                 # The receiver's setting alone: its own gateway routes this chat so too.
-                stored = routing.stored_source(source, self.sessions.redactor_for(settings))
+                stored = routing.stored_source(source, self.core.redactor_for(settings))
                 key = routing.routing_key(to_agent, stored, settings.routing)
                 target = (
                     self.store.route(to_agent, key)
-                    or self.sessions.open_session(
+                    or self.conversations.open_session(
                         now, to_agent, new_session_id(), key, stored
                     ).session_id
                 )
             redact = self._redacts_between(agent, receiver, message)
-            return self.sessions.post(now, to_agent, target, message, redact)
+            return self.conversations.post(now, to_agent, target, message, redact)
 
         result: pb.Event = await self._gated(
             agent, session_id, "peer.send", f"agent:{to_agent}", then

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from session_service.continuity import Continuity
+from session_service.conversations import Conversations
 from session_service.log_reads import LogQuery, LogReads
 from session_service.multi_agent import MultiAgent
 from session_service.sessions import Sessions
@@ -56,9 +57,10 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self.sessions = sessions
         self.agents = sessions.agents
         self.requests = requests
+        self.conversations = Conversations(sessions, self.agents)
         self.time_travel = TimeTravel(sessions)
-        self.multi_agent = MultiAgent(sessions, self.agents)
-        self.continuity = Continuity(sessions, self.agents)
+        self.multi_agent = MultiAgent(sessions, self.agents, self.conversations)
+        self.continuity = Continuity(sessions, self.agents, self.conversations)
         self.log_reads = LogReads(sessions)
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=agent))
@@ -108,7 +110,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def ResolveSession(  # noqa: N802
         self, request: pb.ResolveSessionRequest, context: Context
     ) -> tuple[pb.Session, bool]:
-        return await self.sessions.resolve(request.agent, request.source, request.session_id)
+        return await self.conversations.resolve(request.agent, request.source, request.session_id)
 
     @mutation(lambda session: pb.SpawnSessionResponse(session=session))
     async def SpawnSession(  # noqa: N802
@@ -116,7 +118,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     ) -> pb.Session:
         grant = auth.current_grant()
         any_id = grant is None or grant.admin  # others choose ids in their agent's namespace
-        return await self.sessions.spawn(
+        return await self.conversations.spawn(
             request.agent, request.session_id, dict(request.temp_state), any_id=any_id
         )
 
@@ -138,13 +140,13 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def EndSession(  # noqa: N802
         self, request: pb.EndSessionRequest, context: Context
     ) -> pb.Session:
-        return await self.sessions.end(request.agent, request.session_id, request.reason)
+        return await self.conversations.end(request.agent, request.session_id, request.reason)
 
     @mutation(lambda pair: pb.ResetSessionResponse(ended=pair[0], session=pair[1]))
     async def ResetSession(  # noqa: N802
         self, request: pb.ResetSessionRequest, context: Context
     ) -> tuple[pb.Session, pb.Session]:
-        return await self.sessions.reset(request.agent, request.session_id, request.reason)
+        return await self.conversations.reset(request.agent, request.session_id, request.reason)
 
     @mutation(
         lambda done: pb.AppendEventsResponse(events=done[0], version=done[1], sequences=done[2])
@@ -153,7 +155,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.AppendEventsRequest, context: Context
     ) -> tuple[list[pb.Event], int, list[int]]:
         expected = request.expected_version if request.HasField("expected_version") else None
-        return await self.sessions.append(
+        return await self.conversations.append(
             request.agent,
             request.session_id,
             expected,
@@ -165,7 +167,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def PostToInbox(  # noqa: N802
         self, request: pb.PostToInboxRequest, context: Context
     ) -> pb.Event:
-        return await self.sessions.post_to_inbox(request.agent, request.session_id, request.message)
+        return await self.conversations.post_to_inbox(
+            request.agent, request.session_id, request.message
+        )
 
     async def GetHistory(  # noqa: N802
         self, request: pb.GetHistoryRequest, context: Context

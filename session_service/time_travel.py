@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from session_service import replay
+from session_service.core import Core
 from session_service.log_store import (
     AgentIndex,
     SessionIndex,
@@ -24,7 +25,6 @@ from session_service.log_store import (
     serialized_summary,
     session_entity,
 )
-from session_service.sessions import Sessions
 from session_service.timeline import Changes, Timeline, changes
 from switchboard.errors import (
     AlreadyExists,
@@ -104,10 +104,10 @@ def _checkpoint_pb(label: str, seq: int, created_at: float) -> pb.Checkpoint:
 
 
 class TimeTravel:
-    def __init__(self, sessions: Sessions) -> None:
-        self.sessions = sessions
-        self.store = sessions.store
-        self.projection = sessions.projection
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.store = core.store
+        self.projection = core.projection
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -120,7 +120,7 @@ class TimeTravel:
                 raise AlreadyExists("CHECKPOINT_EXISTS", f"checkpoint {label!r} exists already")
             return _checkpoint_pb(label, head, now)
 
-        result: pb.Checkpoint = await self.sessions.runner.write(op)
+        result: pb.Checkpoint = await self.core.runner.write(op)
         return result
 
     # -- moving the log ---------------------------------------------------------------------
@@ -185,9 +185,9 @@ class TimeTravel:
             return _answer(target, self._effects(planned), record=None)
 
         if preview:
-            previewed: Move = await self.sessions.runner.read(look)
+            previewed: Move = await self.core.runner.read(look)
             return previewed
-        moved: Move = await self.sessions.write(
+        moved: Move = await self.core.write(
             functools.partial(self._moved, plan=plan, checkout=checkout, checkpoint=checkpoint)
         )
         return moved
@@ -388,5 +388,5 @@ class TimeTravel:
             deleted = self.store.truncate_below(below)
             return below, deleted
 
-        result: tuple[int, int] = await self.sessions.runner.write(op)
+        result: tuple[int, int] = await self.core.runner.write(op)
         return result
