@@ -80,7 +80,7 @@ def seed(url: str, rewinds: int, say: Callable[[str], None]) -> str:
 
 
 def _seed(unit: SessionUnit, rewinds: int, say: Callable[[str], None]) -> str:
-    sessions, store = unit.sessions, unit.store
+    sessions, store = unit.core, unit.store
     travel = TimeTravel(sessions)
     conversations = Conversations(sessions, Agents(sessions))
 

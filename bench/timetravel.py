@@ -33,10 +33,9 @@ from typing import Any
 
 from session_service.agents import Agents
 from session_service.conversations import Conversations, new_session_id
-from session_service.core import SessionLimits
+from session_service.core import Core, SessionLimits
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
-from session_service.sessions import Sessions
 from session_service.time_travel import TimeTravel
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
@@ -58,7 +57,7 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
     migrations.prepare(backend, SESSION_SCHEMA)
     store = LogStore(backend)
     runner = TransactionRunner(backend, settings)
-    core = Sessions(runner, store, SessionLimits())
+    core = Core(runner, store, SessionLimits())
     conversations = Conversations(core, Agents(core))
     try:
 
@@ -153,7 +152,7 @@ def rewind_seconds(url: str, target: int) -> float:
     backend = open_backend(settings)
     store = LogStore(backend)
     runner = TransactionRunner(backend, settings)
-    travel = TimeTravel(Sessions(runner, store, SessionLimits()))
+    travel = TimeTravel(Core(runner, store, SessionLimits()))
     try:
         started = time.perf_counter()
         asyncio.run(travel.rewind(target, ""))

@@ -9,11 +9,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from session_service.agents import Agents
 from session_service.continuity import Continuity
 from session_service.conversations import Conversations
+from session_service.core import Core
 from session_service.log_reads import LogQuery, LogReads
 from session_service.multi_agent import MultiAgent
-from session_service.sessions import Sessions
+from session_service.session_reads import SessionReads
 from session_service.time_travel import Move, TimeTravel
 from switchboard import auth
 from switchboard.idempotency import RequestStore
@@ -53,15 +55,16 @@ def _move_fields(move: Move) -> dict[str, Any]:
 
 
 class SessionServicer(pb_grpc.SessionServiceServicer):
-    def __init__(self, sessions: Sessions, requests: RequestStore) -> None:
-        self.sessions = sessions
-        self.agents = sessions.agents
+    def __init__(self, core: Core, requests: RequestStore) -> None:
+        """Composes the core's parts; each takes only the parts it uses."""
         self.requests = requests
-        self.conversations = Conversations(sessions, self.agents)
-        self.time_travel = TimeTravel(sessions)
-        self.multi_agent = MultiAgent(sessions, self.agents, self.conversations)
-        self.continuity = Continuity(sessions, self.agents, self.conversations)
-        self.log_reads = LogReads(sessions)
+        self.agents = Agents(core)
+        self.conversations = Conversations(core, self.agents)
+        self.reads = SessionReads(core)
+        self.time_travel = TimeTravel(core)
+        self.multi_agent = MultiAgent(core, self.agents, self.conversations)
+        self.continuity = Continuity(core, self.agents, self.conversations)
+        self.log_reads = LogReads(core)
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=agent))
     async def CreateAgent(  # noqa: N802
@@ -125,13 +128,13 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def GetSession(  # noqa: N802
         self, request: pb.GetSessionRequest, context: Context
     ) -> pb.GetSessionResponse:
-        session = await self.sessions.get_session(request.agent, request.session_id)
+        session = await self.reads.get_session(request.agent, request.session_id)
         return pb.GetSessionResponse(session=session)
 
     async def ListSessions(  # noqa: N802
         self, request: pb.ListSessionsRequest, context: Context
     ) -> pb.ListSessionsResponse:
-        sessions, token = await self.sessions.list_sessions(
+        sessions, token = await self.reads.list_sessions(
             request.agent, request.status, request.transport, request.page_size, request.page_token
         )
         return pb.ListSessionsResponse(sessions=sessions, next_page_token=token)
@@ -174,7 +177,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def GetHistory(  # noqa: N802
         self, request: pb.GetHistoryRequest, context: Context
     ) -> pb.GetHistoryResponse:
-        messages, token = await self.sessions.history(
+        messages, token = await self.reads.history(
             request.agent,
             request.session_id,
             request.after_sequence,
@@ -189,19 +192,19 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def GetSessionState(  # noqa: N802
         self, request: pb.GetSessionStateRequest, context: Context
     ) -> pb.GetSessionStateResponse:
-        state, agent = await self.sessions.state(request.agent, request.session_id)
+        state, agent = await self.reads.state(request.agent, request.session_id)
         return pb.GetSessionStateResponse(state=state, agent=agent)
 
     @mutation(lambda sequence: pb.SnapshotSessionResponse(sequence=sequence))
     async def SnapshotSession(  # noqa: N802
         self, request: pb.SnapshotSessionRequest, context: Context
     ) -> int:
-        return await self.sessions.snapshot(request.agent, request.session_id)
+        return await self.reads.snapshot(request.agent, request.session_id)
 
     async def WatchEvents(  # noqa: N802
         self, request: pb.WatchEventsRequest, context: Context
     ) -> AsyncIterator[pb.WatchEventsResponse]:
-        events = self.sessions.watch(request.after_sequence, request.agent, request.session_id)
+        events = self.reads.watch(request.after_sequence, request.agent, request.session_id)
         async for event in events:
             yield pb.WatchEventsResponse(event=event)
 

@@ -252,7 +252,7 @@ def test_the_holder_survives_a_restart_snapshots_and_a_rebuild(
             assert snapshot is not None
             assert pb.SessionState.FromString(snapshot[1]).session.resume_holder == holder
             store.delete_snapshots()
-        report = recovery.rebuild(after.unit.sessions)
+        report = recovery.rebuild(after.unit.core)
         assert not report.differed, report.differences
         assert _get(after.stub, session_id) == marked, "a replay of the log says the same"
 

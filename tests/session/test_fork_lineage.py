@@ -138,7 +138,7 @@ def test_rewinds_checkouts_rebuilds_and_restarts_keep_a_fork_whole(
     service.stub.Checkout(pb.CheckoutRequest(sequence=head))
     assert _history(service, grandchild) == ["a", "b", "c"]
 
-    report = recovery.rebuild(service.unit.sessions)
+    report = recovery.rebuild(service.unit.core)
     assert not report.differed, report.differences
     assert _history(service, grandchild) == ["a", "b", "c"]
 
@@ -153,7 +153,7 @@ def test_a_fork_made_by_a_release_that_copied_the_history_still_reads_its_copy(
     create_agent(service.stub)
     parent = resolve(service.stub, **web()).session.session_id
     [a] = _say(service, parent, "a")
-    sessions = service.unit.sessions
+    sessions = service.unit.core
     conversations = Conversations(sessions, Agents(sessions))
     lineage = pb.Lineage(parent_session_id=parent, parent_agent="main", forked_at_sequence=a)
 

@@ -1,57 +1,30 @@
-"""The SessionService's domain core: agents, sessions, routing, the log.
-
-Every change is a typed event appended to the global log by `log`, which
-also keeps the projections (agent and session index rows, routes) in the same
-transaction through `project`, the one function a rebuild replays too.
-"""
+"""Reads of sessions: one session, a page of an agent's sessions, a page of
+history, the whole state, a snapshot on request, and watching the log."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-from session_service import pii
-from session_service.agents import Agents
-from session_service.checks import (
-    agent_name,
-    checked_session_id,
-)
-from session_service.core import Core, SessionLimits
-from session_service.log_store import (
-    LogStore,
-)
+from session_service.checks import agent_name, checked_session_id
+from session_service.core import Core
 from switchboard import pagination, validation
-from switchboard.errors import (
-    InvalidArgument,
-    NotFound,
-)
-from switchboard.runner import TransactionRunner
+from switchboard.errors import InvalidArgument, NotFound
 from switchboard.session.v1 import session_service_pb2 as pb
 
 
-class Sessions(Core):
-    def __init__(
-        self,
-        runner: TransactionRunner,
-        store: LogStore,
-        limits: SessionLimits,
-        redactor: pii.Redactor | None = None,
-    ) -> None:
-        super().__init__(runner, store, limits, redactor)
-        self.agents = Agents(self)
-
-    # == the log ===========================================================================
-
-    # == agents ============================================================================
-
-    # == sessions: routing and lifecycle ===================================================
+class SessionReads:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.store = core.store
+        self.runner = core.runner
 
     async def get_session(self, agent: str, session_id: str) -> pb.Session:
         agent_name("agent", agent)
         checked_session_id(session_id)
 
         def op() -> pb.Session:
-            return self.summary(session_id, self.session_of(agent, session_id))
+            return self.core.summary(session_id, self.core.session_of(agent, session_id))
 
         return await self.runner.read(op)
 
@@ -74,17 +47,11 @@ class Sessions(Core):
             rows = self.store.list_sessions(agent, status, transport, before, size + 1)
             more = len(rows) > size
             rows = rows[:size]
-            sessions = [self.summary(row.session_id, row) for row in rows]
+            sessions = [self.core.summary(row.session_id, row) for row in rows]
             token = pagination.encode([rows[-1].created_seq], filters) if more else ""
             return sessions, token
 
         return await self.runner.read(op)
-
-    # == sessions: appending ===============================================================
-
-    # == personal ids ======================================================================
-
-    # == sessions: reading =================================================================
 
     async def history(
         self,
@@ -110,8 +77,8 @@ class Sessions(Core):
             after, before = (after, position[0]) if newest else (position[0], before)
 
         def op() -> tuple[list[pb.QueuedMessage], str]:
-            index = self.session_of(agent, session_id)
-            shared = self.summary(session_id, index).lineage.shares_parent_history
+            index = self.core.session_of(agent, session_id)
+            shared = self.core.summary(session_id, index).lineage.shares_parent_history
             events, more = self.store.history(
                 session_id,
                 after,
@@ -145,7 +112,7 @@ class Sessions(Core):
         checked_session_id(session_id)
 
         def op() -> tuple[pb.SessionState, pb.Agent]:
-            self.session_of(agent, session_id)
+            self.core.session_of(agent, session_id)
             state = self.store.session_state(session_id)
             owner = self.store.agent_state(agent)
             assert state is not None and owner is not None
@@ -158,10 +125,10 @@ class Sessions(Core):
         checked_session_id(session_id)
 
         def op(_now: float) -> int:
-            index = self.session_of(agent, session_id)
-            self.projection.snapshot_agent(agent)
+            index = self.core.session_of(agent, session_id)
+            self.core.projection.snapshot_agent(agent)
             self.store.put_session_index(replace(index, snapshot_version=index.version))
-            return self.projection.snapshot_session(session_id)
+            return self.core.projection.snapshot_session(session_id)
 
         result: int = await self.runner.write(op)
         return result
@@ -173,4 +140,4 @@ class Sessions(Core):
         if session_id:
             checked_session_id(session_id)
         validation.int64("after_sequence", after)
-        return self.watching.watch(after, agent, session_id)
+        return self.core.watching.watch(after, agent, session_id)
