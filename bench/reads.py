@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.reads [--quick]
 
-Seeds logs through the real core (`Sessions.log`, so projections, summaries and
+Seeds logs through the real core (`Core.log`, so projections, summaries and
 snapshots are exactly what appends leave) on SQLite (synchronous=FULL) and, when it
 answers, Postgres (a fresh schema), in two series:
 - against sessions: 100 / 1,000 (/ 10,000 without --quick) sessions of 10 messages;
@@ -31,9 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.servers import postgres_schema, postgres_unreachable_reason
+from session_service.agents import Agents
+from session_service.conversations import Conversations, new_session_id
+from session_service.core import Core, SessionLimits
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
-from session_service.sessions import SessionLimits, Sessions, new_session_id
+from session_service.session_reads import SessionReads
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.runner import TransactionRunner
@@ -45,25 +48,27 @@ RESULTS = Path(__file__).resolve().parent / "results" / "reads.json"
 
 
 @contextmanager
-def core(url: str) -> Iterator[Sessions]:
+def core(url: str) -> Iterator[Core]:
     settings = DatabaseSettings(url=url)
     backend = open_backend(settings)
     migrations.prepare(backend, SESSION_SCHEMA)
     runner = TransactionRunner(backend, settings, begin_write=LogStore(backend).lock_log)
     try:
-        yield Sessions(runner, LogStore(backend), SessionLimits())
+        yield Core(runner, LogStore(backend), SessionLimits())
     finally:
         runner.close()
 
 
-def seed(sessions: Sessions, count: int, messages: int) -> None:
+def seed(sessions: Core, count: int, messages: int) -> None:
+    conversations = Conversations(sessions, Agents(sessions))
+
     def open_all(now: float) -> None:
         agent = pb.Agent(name="bench")
         sessions.log(now, [pb.Event(agent="bench", agent_created=pb.AgentCreated(agent=agent))])
         for n in range(count):
             source = pb.Source(transport="web", conversation_id=f"tab-{n}")
             key = f"agent:bench:web:tab-{n}"
-            session_id = sessions.open_session(now, "bench", new_session_id(), key, source)
+            session_id = conversations.open_session(now, "bench", new_session_id(), key, source)
             index = sessions.store.session_index(session_id.session_id)
             assert index is not None
             events = [
@@ -83,14 +88,14 @@ def seed(sessions: Sessions, count: int, messages: int) -> None:
     sessions.runner.submit_write(open_all).result()
 
 
-def folded_page(sessions: Sessions) -> list[pb.Session]:
+def folded_page(sessions: Core) -> list[pb.Session]:
     """The page as ListSessions built it before summaries: a fold per session."""
     rows = sessions.store.list_sessions("bench", 0, "", None, PAGE)
     folded = [sessions.store.session_state(row.session_id) for row in rows]
     return [state.session for state in folded if state is not None]
 
 
-async def measure(sessions: Sessions, call: Callable[[], Awaitable[Any]]) -> dict[str, float]:
+async def measure(sessions: Core, call: Callable[[], Awaitable[Any]]) -> dict[str, float]:
     counter = sessions.store.backend.statements
     await call()  # warm
     with counter.counting() as statements:
@@ -103,14 +108,16 @@ async def measure(sessions: Sessions, call: Callable[[], Awaitable[Any]]) -> dic
     return {"statements": len(statements), "p50_ms": statistics.median(latencies) * 1000}
 
 
-async def figures(sessions: Sessions) -> dict[str, Any]:
+async def figures(sessions: Core) -> dict[str, Any]:
     source = pb.Source(transport="web", conversation_id="tab-0")
+    conversations = Conversations(sessions, Agents(sessions))
+    reads = SessionReads(sessions)
     return {
-        "list": await measure(sessions, lambda: sessions.list_sessions("bench", 0, "", PAGE, "")),
+        "list": await measure(sessions, lambda: reads.list_sessions("bench", 0, "", PAGE, "")),
         "list_folded": await measure(
             sessions, lambda: sessions.runner.read(lambda: folded_page(sessions))
         ),
-        "resolve": await measure(sessions, lambda: sessions.resolve("bench", source, "")),
+        "resolve": await measure(sessions, lambda: conversations.resolve("bench", source, "")),
     }
 
 

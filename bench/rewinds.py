@@ -37,8 +37,9 @@ from bench.servers import (
     running_server,
     temp_dir,
 )
+from session_service.agents import Agents
 from session_service.app import SessionUnit
-from session_service.sessions import new_session_id
+from session_service.conversations import Conversations, new_session_id
 from session_service.time_travel import TimeTravel
 from switchboard.database import DatabaseSettings
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -79,14 +80,15 @@ def seed(url: str, rewinds: int, say: Callable[[str], None]) -> str:
 
 
 def _seed(unit: SessionUnit, rewinds: int, say: Callable[[str], None]) -> str:
-    sessions, store = unit.sessions, unit.store
+    sessions, store = unit.core, unit.store
     travel = TimeTravel(sessions)
+    conversations = Conversations(sessions, Agents(sessions))
 
     def open_one(now: float) -> str:
         sessions.log(now, [pb.Event(agent="bench", agent_created=pb.AgentCreated(
             agent=pb.Agent(name="bench")))])  # fmt: skip
         source = pb.Source(transport="web", conversation_id="tab")
-        opened = sessions.open_session(
+        opened = conversations.open_session(
             now, "bench", new_session_id(), "agent:bench:web:tab", source
         )
         return str(opened.session_id)

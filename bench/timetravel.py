@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from session_service import storage_format
+from session_service.agents import Agents
+from session_service.conversations import Conversations, new_session_id
+from session_service.core import Core, SessionLimits
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
-from session_service.sessions import SessionLimits, Sessions, new_session_id
 from session_service.time_travel import TimeTravel
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
@@ -56,7 +58,8 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
     migrations.prepare(backend, SESSION_SCHEMA)
     store = LogStore(backend)
     runner = TransactionRunner(backend, settings)
-    core = Sessions(runner, store, SessionLimits())
+    core = Core(runner, store, SessionLimits())
+    conversations = Conversations(core, Agents(core))
     try:
 
         def open_all(now: float) -> list[str]:
@@ -65,7 +68,7 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
             ids = []
             for n in range(sessions):
                 source = pb.Source(transport="web", conversation_id=f"tab-{n}")
-                session = core.open_session(
+                session = conversations.open_session(
                     now, "bench", new_session_id(), f"agent:bench:web:tab-{n}", source
                 )
                 ids.append(session.session_id)
@@ -151,7 +154,7 @@ def rewind_seconds(url: str, target: int) -> float:
     backend = open_backend(settings)
     store = LogStore(backend)
     runner = TransactionRunner(backend, settings)
-    travel = TimeTravel(Sessions(runner, store, SessionLimits()))
+    travel = TimeTravel(Core(runner, store, SessionLimits()))
     try:
         started = time.perf_counter()
         asyncio.run(travel.rewind(target, ""))

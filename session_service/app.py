@@ -10,10 +10,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from session_service import pii, recovery
+from session_service.core import Core, SessionLimits
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
 from session_service.servicer import SessionServicer
-from session_service.sessions import SessionLimits, Sessions
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.idempotency import SESSION_REQUESTS, RequestStore
@@ -55,17 +55,17 @@ class SessionUnit:
             self.limits.request_id_window_s,
             fingerprint_key=redactor.fingerprint_key(),
         )
-        self.sessions = Sessions(self.runner, self.store, self.limits, redactor)
-        self.head = recovery.verify(self.sessions)
-        recovery.fill_summaries(self.sessions)
+        self.core = Core(self.runner, self.store, self.limits, redactor)
+        self.head = recovery.verify(self.core)
+        recovery.fill_summaries(self.core)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-            SessionServicer(self.sessions, self.requests), server
+            SessionServicer(self.core, self.requests), server
         )
 
     def close(self) -> None:
-        self.sessions.watching.close()
+        self.core.watching.close()
         self.runner.close()
 
     def probe(self) -> None:

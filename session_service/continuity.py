@@ -10,8 +10,11 @@ exist only when an agent opts in: users were surprised by automatic resets.
 
 from __future__ import annotations
 
+from session_service.agents import Agents
+from session_service.checks import agent_name, checked_session_id
+from session_service.conversations import Conversations
+from session_service.core import Core
 from session_service.freshness import EXPIRED, is_stale
-from session_service.sessions import Sessions, agent_name, checked_session_id
 from switchboard import validation
 from switchboard.session.v1 import session_service_pb2 as pb
 
@@ -20,8 +23,10 @@ MAX_HOLDER_LEN = 128
 
 
 class Continuity:
-    def __init__(self, sessions: Sessions) -> None:
-        self.sessions = sessions
+    def __init__(self, core: Core, agents: Agents, conversations: Conversations) -> None:
+        self.core = core
+        self.agents = agents
+        self.conversations = conversations
 
     async def mark(
         self, agent: str, session_id: str, pending: bool, holder: str = ""
@@ -44,18 +49,18 @@ class Continuity:
         checked_session_id(session_id)
 
         def op(now: float) -> pb.Session:
-            index = self.sessions.open_session_of(agent, session_id)
+            index = self.core.open_session_of(agent, session_id)
             if event.HasField("suspension_changed") and (
-                self.sessions.summary(session_id).suspended == event.suspension_changed.suspended
+                self.core.summary(session_id).suspended == event.suspension_changed.suspended
             ):
-                return self.sessions.summary(session_id)  # a retry: the version moves once
+                return self.core.summary(session_id)  # a retry: the version moves once
             event.agent, event.session_id = agent, session_id
             # A resume mark comes from the gateway, beside a turn: it never conflicts.
             event.session_version = index.version + (1 if versioned else 0)
-            self.sessions.log(now, [event])
-            return self.sessions.summary(session_id)
+            self.core.log(now, [event])
+            return self.core.summary(session_id)
 
-        result: pb.Session = await self.sessions.write(op)
+        result: pb.Session = await self.core.write(op)
         return result
 
     async def list_resumable(self, agent: str) -> tuple[list[pb.Session], list[pb.Session]]:
@@ -65,9 +70,9 @@ class Continuity:
 
         def op() -> tuple[list[pb.Session], list[pb.Session]]:
             # Judged on the database's clock, as the writes that expire them are.
-            return self._interrupted(agent, self.sessions.store.backend.now())
+            return self._interrupted(agent, self.core.store.backend.now())
 
-        return await self.sessions.runner.read(op)
+        return await self.core.runner.read(op)
 
     async def expire_resumable(self, agent: str) -> list[pb.Session]:
         """Resets the agent's stale interrupted sessions, in one transaction; answers
@@ -77,19 +82,20 @@ class Continuity:
         def op(now: float) -> list[pb.Session]:
             _fresh, stale = self._interrupted(agent, now)
             for session in stale:
-                self.sessions.reset_now(now, agent, session.session_id, EXPIRED)
-            return [self.sessions.summary(session.session_id) for session in stale]
+                self.conversations.reset_now(now, agent, session.session_id, EXPIRED)
+            return [self.core.summary(session.session_id) for session in stale]
 
-        result: list[pb.Session] = await self.sessions.write(op)
+        result: list[pb.Session] = await self.core.write(op)
         return result
 
     def _interrupted(self, agent: str, now: float) -> tuple[list[pb.Session], list[pb.Session]]:
-        settings = self.sessions.live_agent(agent).settings
+        settings = self.agents.live_agent(agent).settings
         if settings.resume.never_resume:
             return [], []  # never resumed, and its marks never expire
-        fresh, stale = [], []
-        for index in self.sessions.store.resumable(agent):
-            session = self.sessions.summary(index.session_id)
+        fresh: list[pb.Session] = []
+        stale: list[pb.Session] = []
+        for index in self.core.store.resumable(agent):
+            session = self.core.summary(index.session_id)
             if session.suspended:
                 continue
             (stale if is_stale(settings, session, now) else fresh).append(session)

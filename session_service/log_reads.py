@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from session_service.sessions import Sessions, agent_name, checked_session_id
+from session_service.checks import agent_name, checked_session_id
+from session_service.core import Core
 from switchboard import pagination, validation
 from switchboard.errors import InvalidArgument
 from switchboard.proto_time import timestamp
@@ -49,9 +50,9 @@ class LogQuery:
 
 
 class LogReads:
-    def __init__(self, sessions: Sessions) -> None:
-        self.sessions = sessions
-        self.store = sessions.store
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.store = core.store
 
     async def events(
         self, query: LogQuery, page_size: int, page_token: str
@@ -78,7 +79,7 @@ class LogReads:
             last = found[-1][0].sequence if found else 0
             return entries, pagination.encode([last], filters) if more else ""
 
-        return await self.sessions.runner.read(op)
+        return await self.core.runner.read(op)
 
     async def checkpoints(self, page_size: int, page_token: str) -> tuple[list[pb.Checkpoint], str]:
         """A page of checkpoints, oldest first, and the next page's token."""
@@ -97,4 +98,4 @@ class LogReads:
             token = pagination.encode([rows[-1][1], rows[-1][0]], ["checkpoints"]) if more else ""
             return page, token
 
-        return await self.sessions.runner.read(op)
+        return await self.core.runner.read(op)

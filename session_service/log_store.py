@@ -652,7 +652,7 @@ class LogStore:
     ) -> tuple[list[tuple[pb.Event, bool]], bool]:
         """A page of the global log in sequence order, each event with whether it is
         abandoned (`branch`: a pb.LogBranch); and whether more match after it."""
-        where, params = "seq > ?", [after_seq]
+        where, params = "seq > ?", list[Any]([after_seq])
         for column, value in (("agent", agent), ("session_id", session_id)):
             if value:
                 where += f" AND {column} = ?"
@@ -938,8 +938,10 @@ class LogStore:
         value = self.Event.select(peewee.fn.MAX(self.Event.seq)).scalar()
         return int(value or 0)
 
-    def event_count(self) -> int:
-        return int(self.Event.select().count())
+    def replayable_event_count(self) -> int:
+        """How many events `active_events` yields (a rebuild's total)."""
+        query = self.Event.select().where((self.Event.kind != "rewound") & self._active())
+        return int(query.count())
 
     def delete_agent_index(self, name: str) -> None:
         self.Agent.delete().where(self.Agent.name == name).execute()

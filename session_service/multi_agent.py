@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from session_service import permissions, pii, routing
-from session_service.sessions import (
-    Sessions,
+from session_service.agents import Agents
+from session_service.checks import (
     agent_name,
+    checked_message,
     checked_session_id,
-    new_session_id,
     refuse_unanswerable,
 )
+from session_service.conversations import Conversations, new_session_id
+from session_service.core import Core
 from switchboard import validation
 from switchboard.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from switchboard.idempotency import NotAnAnswer
@@ -34,9 +36,11 @@ class Refused(NotAnAnswer):
 
 
 class MultiAgent:
-    def __init__(self, sessions: Sessions) -> None:
-        self.sessions = sessions
-        self.store = sessions.store
+    def __init__(self, core: Core, agents: Agents, conversations: Conversations) -> None:
+        self.core = core
+        self.agents = agents
+        self.conversations = conversations
+        self.store = core.store
 
     # -- the gate ---------------------------------------------------------------------------
 
@@ -44,12 +48,12 @@ class MultiAgent:
         self, now: float, agent: str, session_id: str, action: str, resource: str
     ) -> tuple[pb.PermissionChecked, int]:
         """Decides for the session and records the decision in its log."""
-        owner = self.sessions.live_agent(agent)
-        index = self.sessions.open_session_of(agent, session_id)
+        owner = self.agents.live_agent(agent)
+        index = self.core.open_session_of(agent, session_id)
         state = self.store.session_state(session_id)
         assert state is not None
         # The owner's ancestors, read once: their current rules bound a sub-agent.
-        lineage = self.sessions.lineage(owner)
+        lineage = self.agents.lineage(owner)
         decision = permissions.decide(owner, state.session.narrowing, action, resource, lineage)
         checked = pb.PermissionChecked(
             action=action,
@@ -64,7 +68,7 @@ class MultiAgent:
             session_version=index.version,  # an audit record: never conflicts with a turn
             permission_checked=checked,
         )
-        [logged] = self.sessions.log(now, [event])
+        [logged] = self.core.log(now, [event])
         return checked, logged.sequence
 
     async def check(
@@ -74,7 +78,7 @@ class MultiAgent:
         checked_session_id(session_id)
         validation.text("action", action, max_len=256, required=True)
         validation.text("resource", resource, max_len=1024)
-        result: tuple[pb.PermissionChecked, int] = await self.sessions.write(
+        result: tuple[pb.PermissionChecked, int] = await self.core.write(
             lambda now: self._decide(now, agent, session_id, action, resource)
         )
         return result
@@ -95,7 +99,7 @@ class MultiAgent:
                 return Refused(decision)
             return then(now)
 
-        result = await self.sessions.write(op)
+        result = await self.core.write(op)
         if isinstance(result, Refused):
             raise PermissionDenied(
                 "PERMISSION_DENIED",
@@ -115,8 +119,8 @@ class MultiAgent:
         permissions.checked_rules("narrowing.rules", narrowing.rules)
 
         def op(now: float) -> pb.Session:
-            self.sessions.live_agent(agent)
-            source = self.sessions.session_of(agent, session_id)
+            self.agents.live_agent(agent)
+            source = self.core.session_of(agent, session_id)
             at = at_sequence or source.last_seq
             if at < source.created_seq or at > self.store.head():
                 raise InvalidArgument(
@@ -141,7 +145,7 @@ class MultiAgent:
                 forked_at_sequence=at,
                 shares_parent_history=True,
             )
-            return self.sessions.open_session(
+            return self.conversations.open_session(
                 now,
                 agent,
                 new_session_id(),
@@ -154,7 +158,7 @@ class MultiAgent:
                 inherited_message_count=state.session.message_count,
             )
 
-        result: pb.Session = await self.sessions.write(op)
+        result: pb.Session = await self.core.write(op)
         return result
 
     # -- other agents -----------------------------------------------------------------------
@@ -168,7 +172,7 @@ class MultiAgent:
             return True
         if not pii.sender_is_raw(message.sender):
             return False
-        return self.sessions.redacts_pii(sender)
+        return self.core.redacts_pii(sender)
 
     async def delegate(
         self, agent: str, session_id: str, to_agent: str, task: pb.Message, context: str
@@ -177,11 +181,11 @@ class MultiAgent:
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
         validation.routing_key("context", context or "default", max_len=256)
-        self.sessions.checked_message("task", task)
+        checked_message("task", task, self.core.limits.max_content_bytes)
         source = pb.Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
 
         def then(now: float) -> tuple[pb.Session, bool]:
-            receiver = self.sessions.live_agent(to_agent)
+            receiver = self.agents.live_agent(to_agent)
             key = routing.routing_key(to_agent, source, pb.RoutingPolicy())
             existing = self.store.route(to_agent, key)
             created = existing is None
@@ -189,12 +193,12 @@ class MultiAgent:
                 lineage = pb.Lineage(
                     parent_session_id=session_id, parent_agent=agent, delegated=True
                 )
-                existing = self.sessions.open_session(
+                existing = self.conversations.open_session(
                     now, to_agent, new_session_id(), key, source, lineage=lineage
                 ).session_id
             redact = self._redacts_between(agent, receiver, task)
-            self.sessions.post(now, to_agent, existing, task, redact)
-            return self.sessions.summary(existing), created
+            self.conversations.post(now, to_agent, existing, task, redact)
+            return self.core.summary(existing), created
 
         result: tuple[pb.Session, bool] = await self._gated(
             agent, session_id, "peer.delegate", f"agent:{to_agent}", then
@@ -213,7 +217,7 @@ class MultiAgent:
         agent_name("agent", agent)
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
-        self.sessions.checked_message("message", message)
+        checked_message("message", message, self.core.limits.max_content_bytes)
         if source is not None:
             routing.checked_source(source)
         elif to_session_id:
@@ -224,21 +228,21 @@ class MultiAgent:
         refuse_unanswerable("message", [size], "shorten the message")
 
         def then(now: float) -> pb.Event:
-            receiver = self.sessions.live_agent(to_agent)
+            receiver = self.agents.live_agent(to_agent)
             settings = receiver.settings
             target = to_session_id
             if source is not None:
                 # The receiver's setting alone: its own gateway routes this chat so too.
-                stored = routing.stored_source(source, self.sessions.redactor_for(settings))
+                stored = routing.stored_source(source, self.core.redactor_for(settings))
                 key = routing.routing_key(to_agent, stored, settings.routing)
                 target = (
                     self.store.route(to_agent, key)
-                    or self.sessions.open_session(
+                    or self.conversations.open_session(
                         now, to_agent, new_session_id(), key, stored
                     ).session_id
                 )
             redact = self._redacts_between(agent, receiver, message)
-            return self.sessions.post(now, to_agent, target, message, redact)
+            return self.conversations.post(now, to_agent, target, message, redact)
 
         result: pb.Event = await self._gated(
             agent, session_id, "peer.send", f"agent:{to_agent}", then

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from session_service.sessions import Sessions
+from session_service.core import Core
 from switchboard.session.v1 import session_service_pb2 as pb
 
 
@@ -23,13 +23,13 @@ class RebuildReport:
         return any(self.differences.values())
 
 
-def verify(sessions: Sessions) -> int:
+def verify(core: Core) -> int:
     """Cheap checks at start: the head counter equals the newest logged event.
 
     Projections are written in the same transactions as the events, so a
     crash cannot leave them behind; `rebuild` is the full check.
     """
-    store = sessions.store
+    store = core.store
     with store.database.connection_context():
         head, newest = store.head(), store.max_logged_seq()
     if head != newest:
@@ -40,14 +40,14 @@ def verify(sessions: Sessions) -> int:
     return head
 
 
-def fill_summaries(sessions: Sessions, batch: int = 500) -> int:
+def fill_summaries(core: Core, batch: int = 500) -> int:
     """Gives every projection row without a summary (rows from before session migration
     `projection_summaries`) the fold of its log, a batch per write transaction; how many.
 
     Until then reads fold such a row whole, so serving can start at once; after it every
-    row is current, since `Sessions.project` folds summaries on with each event."""
-    store = sessions.store
-    agents, session_ids = sessions.runner.submit_read(store.unsummarized).result()
+    row is current, since `Projection.project` folds summaries on with each event."""
+    store = core.store
+    agents, session_ids = core.runner.submit_read(store.unsummarized).result()
     for start in range(0, max(len(agents), len(session_ids)), batch):
 
         def op(_now: float, start: int = start) -> None:
@@ -60,34 +60,32 @@ def fill_summaries(sessions: Sessions, batch: int = 500) -> int:
                 if found is not None:
                     store.put_session_index(replace(found, summary=None))
 
-        sessions.runner.submit_write(op).result()
+        core.runner.submit_write(op).result()
     return len(agents) + len(session_ids)
 
 
-def rebuild(
-    sessions: Sessions, progress: Callable[[int, int], None] | None = None
-) -> RebuildReport:
+def rebuild(core: Core, progress: Callable[[int, int], None] | None = None) -> RebuildReport:
     """Replays the whole active log into fresh projections in one write transaction.
 
     Reports how many projection rows differed from what was there before.
     """
-    store = sessions.store
+    store = core.store
     report = RebuildReport()
 
     def op(_now: float) -> RebuildReport:
-        total = store.event_count()
+        total = store.replayable_event_count()
         before = store.projection_rows()
         store.clear_projections()
         batch: list[pb.Event] = []
         for event in store.active_events():
             batch.append(event)
             if len(batch) == 1000:
-                sessions.project(batch)
+                core.projection.project(batch)
                 report.events += len(batch)
                 batch = []
                 if progress is not None:
                     progress(report.events, total)
-        sessions.project(batch)
+        core.projection.project(batch)
         report.events += len(batch)
         if progress is not None:
             progress(report.events, total)
@@ -96,4 +94,4 @@ def rebuild(
             report.differences[name] = len(before[name] ^ after[name])
         return report
 
-    return sessions.runner.submit_write(op).result()
+    return core.runner.submit_write(op).result()

@@ -9,10 +9,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from session_service.agents import Agents
 from session_service.continuity import Continuity
+from session_service.conversations import Conversations
+from session_service.core import Core
 from session_service.log_reads import LogQuery, LogReads
 from session_service.multi_agent import MultiAgent
-from session_service.sessions import Sessions
+from session_service.session_reads import SessionReads
 from session_service.time_travel import Move, TimeTravel
 from switchboard import auth
 from switchboard.idempotency import RequestStore
@@ -52,29 +55,32 @@ def _move_fields(move: Move) -> dict[str, Any]:
 
 
 class SessionServicer(pb_grpc.SessionServiceServicer):
-    def __init__(self, sessions: Sessions, requests: RequestStore) -> None:
-        self.sessions = sessions
+    def __init__(self, core: Core, requests: RequestStore) -> None:
+        """Composes the core's parts; each takes only the parts it uses."""
         self.requests = requests
-        self.time_travel = TimeTravel(sessions)
-        self.multi_agent = MultiAgent(sessions)
-        self.continuity = Continuity(sessions)
-        self.log_reads = LogReads(sessions)
+        self.agents = Agents(core)
+        self.conversations = Conversations(core, self.agents)
+        self.reads = SessionReads(core)
+        self.time_travel = TimeTravel(core)
+        self.multi_agent = MultiAgent(core, self.agents, self.conversations)
+        self.continuity = Continuity(core, self.agents, self.conversations)
+        self.log_reads = LogReads(core)
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=agent))
     async def CreateAgent(  # noqa: N802
         self, request: pb.CreateAgentRequest, context: Context
     ) -> pb.Agent:
-        return await self.sessions.create_agent(request.agent)
+        return await self.agents.create_agent(request.agent)
 
     async def GetAgent(  # noqa: N802
         self, request: pb.GetAgentRequest, context: Context
     ) -> pb.GetAgentResponse:
-        return pb.GetAgentResponse(agent=await self.sessions.get_agent(request.name))
+        return pb.GetAgentResponse(agent=await self.agents.get_agent(request.name))
 
     async def ListAgents(  # noqa: N802
         self, request: pb.ListAgentsRequest, context: Context
     ) -> pb.ListAgentsResponse:
-        agents, token = await self.sessions.list_agents(
+        agents, token = await self.agents.list_agents(
             request.include_archived, request.page_size, request.page_token
         )
         return pb.ListAgentsResponse(agents=agents, next_page_token=token)
@@ -83,31 +89,31 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def UpdateAgent(  # noqa: N802
         self, request: pb.UpdateAgentRequest, context: Context
     ) -> pb.Agent:
-        return await self.sessions.update_agent(request.agent, request.update_mask)
+        return await self.agents.update_agent(request.agent, request.update_mask)
 
     @mutation(lambda agent: pb.DeleteAgentResponse(agent=agent))
     async def DeleteAgent(  # noqa: N802
         self, request: pb.DeleteAgentRequest, context: Context
     ) -> pb.Agent:
-        return await self.sessions.delete_agent(request.name)
+        return await self.agents.delete_agent(request.name)
 
     @mutation(lambda agent: pb.PutMemoryResponse(agent=agent))
     async def PutMemory(  # noqa: N802
         self, request: pb.PutMemoryRequest, context: Context
     ) -> pb.Agent:
-        return await self.sessions.put_memory(request.agent, request.key, request.value)
+        return await self.agents.put_memory(request.agent, request.key, request.value)
 
     @mutation(lambda agent: pb.DeleteMemoryResponse(agent=agent))
     async def DeleteMemory(  # noqa: N802
         self, request: pb.DeleteMemoryRequest, context: Context
     ) -> pb.Agent:
-        return await self.sessions.delete_memory(request.agent, request.key)
+        return await self.agents.delete_memory(request.agent, request.key)
 
     @mutation(lambda found: pb.ResolveSessionResponse(session=found[0], created=found[1]))
     async def ResolveSession(  # noqa: N802
         self, request: pb.ResolveSessionRequest, context: Context
     ) -> tuple[pb.Session, bool]:
-        return await self.sessions.resolve(request.agent, request.source, request.session_id)
+        return await self.conversations.resolve(request.agent, request.source, request.session_id)
 
     @mutation(lambda session: pb.SpawnSessionResponse(session=session))
     async def SpawnSession(  # noqa: N802
@@ -115,20 +121,20 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     ) -> pb.Session:
         grant = auth.current_grant()
         any_id = grant is None or grant.admin  # others choose ids in their agent's namespace
-        return await self.sessions.spawn(
+        return await self.conversations.spawn(
             request.agent, request.session_id, dict(request.temp_state), any_id=any_id
         )
 
     async def GetSession(  # noqa: N802
         self, request: pb.GetSessionRequest, context: Context
     ) -> pb.GetSessionResponse:
-        session = await self.sessions.get_session(request.agent, request.session_id)
+        session = await self.reads.get_session(request.agent, request.session_id)
         return pb.GetSessionResponse(session=session)
 
     async def ListSessions(  # noqa: N802
         self, request: pb.ListSessionsRequest, context: Context
     ) -> pb.ListSessionsResponse:
-        sessions, token = await self.sessions.list_sessions(
+        sessions, token = await self.reads.list_sessions(
             request.agent, request.status, request.transport, request.page_size, request.page_token
         )
         return pb.ListSessionsResponse(sessions=sessions, next_page_token=token)
@@ -137,13 +143,13 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def EndSession(  # noqa: N802
         self, request: pb.EndSessionRequest, context: Context
     ) -> pb.Session:
-        return await self.sessions.end(request.agent, request.session_id, request.reason)
+        return await self.conversations.end(request.agent, request.session_id, request.reason)
 
     @mutation(lambda pair: pb.ResetSessionResponse(ended=pair[0], session=pair[1]))
     async def ResetSession(  # noqa: N802
         self, request: pb.ResetSessionRequest, context: Context
     ) -> tuple[pb.Session, pb.Session]:
-        return await self.sessions.reset(request.agent, request.session_id, request.reason)
+        return await self.conversations.reset(request.agent, request.session_id, request.reason)
 
     @mutation(
         lambda done: pb.AppendEventsResponse(events=done[0], version=done[1], sequences=done[2])
@@ -152,7 +158,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.AppendEventsRequest, context: Context
     ) -> tuple[list[pb.Event], int, list[int]]:
         expected = request.expected_version if request.HasField("expected_version") else None
-        return await self.sessions.append(
+        return await self.conversations.append(
             request.agent,
             request.session_id,
             expected,
@@ -164,12 +170,14 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def PostToInbox(  # noqa: N802
         self, request: pb.PostToInboxRequest, context: Context
     ) -> pb.Event:
-        return await self.sessions.post_to_inbox(request.agent, request.session_id, request.message)
+        return await self.conversations.post_to_inbox(
+            request.agent, request.session_id, request.message
+        )
 
     async def GetHistory(  # noqa: N802
         self, request: pb.GetHistoryRequest, context: Context
     ) -> pb.GetHistoryResponse:
-        messages, token = await self.sessions.history(
+        messages, token = await self.reads.history(
             request.agent,
             request.session_id,
             request.after_sequence,
@@ -184,19 +192,19 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def GetSessionState(  # noqa: N802
         self, request: pb.GetSessionStateRequest, context: Context
     ) -> pb.GetSessionStateResponse:
-        state, agent = await self.sessions.state(request.agent, request.session_id)
+        state, agent = await self.reads.state(request.agent, request.session_id)
         return pb.GetSessionStateResponse(state=state, agent=agent)
 
     @mutation(lambda sequence: pb.SnapshotSessionResponse(sequence=sequence))
     async def SnapshotSession(  # noqa: N802
         self, request: pb.SnapshotSessionRequest, context: Context
     ) -> int:
-        return await self.sessions.snapshot(request.agent, request.session_id)
+        return await self.reads.snapshot(request.agent, request.session_id)
 
     async def WatchEvents(  # noqa: N802
         self, request: pb.WatchEventsRequest, context: Context
     ) -> AsyncIterator[pb.WatchEventsResponse]:
-        events = self.sessions.watch(request.after_sequence, request.agent, request.session_id)
+        events = self.reads.watch(request.after_sequence, request.agent, request.session_id)
         async for event in events:
             yield pb.WatchEventsResponse(event=event)
 

@@ -16,15 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from session_service import replay
+from session_service.core import Core
 from session_service.log_store import (
-    AgentIndex,
-    SessionIndex,
     agent_entity,
-    agent_summary,
-    serialized_summary,
     session_entity,
 )
-from session_service.sessions import Sessions
 from session_service.timeline import Changes, Timeline, changes
 from switchboard.errors import (
     AlreadyExists,
@@ -104,9 +100,10 @@ def _checkpoint_pb(label: str, seq: int, created_at: float) -> pb.Checkpoint:
 
 
 class TimeTravel:
-    def __init__(self, sessions: Sessions) -> None:
-        self.sessions = sessions
-        self.store = sessions.store
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.store = core.store
+        self.projection = core.projection
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -119,7 +116,7 @@ class TimeTravel:
                 raise AlreadyExists("CHECKPOINT_EXISTS", f"checkpoint {label!r} exists already")
             return _checkpoint_pb(label, head, now)
 
-        result: pb.Checkpoint = await self.sessions.runner.write(op)
+        result: pb.Checkpoint = await self.core.runner.write(op)
         return result
 
     # -- moving the log ---------------------------------------------------------------------
@@ -184,9 +181,9 @@ class TimeTravel:
             return _answer(target, self._effects(planned), record=None)
 
         if preview:
-            previewed: Move = await self.sessions.runner.read(look)
+            previewed: Move = await self.core.runner.read(look)
             return previewed
-        moved: Move = await self.sessions.write(
+        moved: Move = await self.core.write(
             functools.partial(self._moved, plan=plan, checkout=checkout, checkpoint=checkpoint)
         )
         return moved
@@ -269,9 +266,9 @@ class TimeTravel:
         session_states = {sid: self.store.session_state(sid) for sid in sessions}
         agent_states = {name: self.store.agent_state(name) for name in agents}
         self._move_versions_forward(now, logged.sequence, session_states, agent_states)
-        self._refresh_sessions(session_states)
+        self.projection.refresh_sessions(session_states)
         for name, agent in agent_states.items():
-            self._refresh_agent(name, agent)
+            self.projection.refresh_agent(name, agent)
         return logged
 
     def _move_versions_forward(
@@ -316,59 +313,6 @@ class TimeTravel:
                 assert agent is not None
                 replay.apply_to_agent(agent, event)
 
-    def _refresh_sessions(self, states: dict[str, pb.SessionState | None]) -> None:
-        self.store.drop_routes_to(states)
-        # Parents before their forks: a fork's lineage copies its parent's.
-        order = sorted(
-            states.items(), key=lambda item: item[1].session.create_sequence if item[1] else 0
-        )
-        for session_id, state in order:
-            if state is None:
-                self.store.delete_session_index(session_id)  # created after the cut
-                continue
-            session = state.session
-            # The state is at hand, and the index says it is snapshotted: without the
-            # snapshot, reads after many rewinds would replay the whole active log.
-            self.store.save_snapshot(session_entity(session_id), session.last_sequence, state)
-            self.store.put_session_index(
-                SessionIndex(
-                    session_id=session_id,
-                    agent=session.agent,
-                    routing_key=session.routing_key,
-                    transport=session.source.transport,
-                    status=session.status,
-                    created_seq=session.create_sequence,
-                    last_seq=session.last_sequence,
-                    version=session.version,
-                    snapshot_version=session.version,
-                    resume_pending=session.resume_pending,
-                    summary=serialized_summary(session),
-                )
-            )
-            if session.routing_key and session.status == pb.SESSION_STATUS_OPEN:
-                self.store.set_route(session.agent, session.routing_key, session_id)
-            if session.lineage.shares_parent_history:  # a fork restored by a checkout
-                lineage = session.lineage
-                self.store.add_lineage(
-                    session_id, lineage.parent_session_id, lineage.forked_at_sequence
-                )
-
-    def _refresh_agent(self, name: str, agent: pb.Agent | None) -> None:
-        if agent is None:
-            self.store.delete_agent_index(name)  # created after the cut
-            return
-        self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent)
-        self.store.put_agent_index(
-            AgentIndex(
-                name=name,
-                archived=agent.archived,
-                version=agent.version,
-                last_seq=agent.last_sequence,
-                snapshot_version=agent.version,
-                summary=serialized_summary(agent_summary(agent)),
-            )
-        )
-
     # -- retention --------------------------------------------------------------------------
 
     async def truncate(self, below: int) -> tuple[int, int]:
@@ -385,5 +329,5 @@ class TimeTravel:
             deleted = self.store.truncate_below(below)
             return below, deleted
 
-        result: tuple[int, int] = await self.sessions.runner.write(op)
+        result: tuple[int, int] = await self.core.runner.write(op)
         return result

@@ -422,7 +422,7 @@ def serve(
     from delivery_service.state_machine import LedgerLimits
     from session_service import pii
     from session_service.app import SessionUnit
-    from session_service.sessions import SessionLimits
+    from session_service.core import SessionLimits
 
     def database(url: str | None, file_name: str) -> DatabaseSettings:
         return DatabaseSettings(
@@ -543,9 +543,9 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
     from rich.progress import Progress
 
     from session_service import recovery
+    from session_service.core import Core, SessionLimits
     from session_service.log_store import LogStore
     from session_service.migrations import SESSION_SCHEMA
-    from session_service.sessions import SessionLimits, Sessions
     from switchboard.database import open_backend
     from switchboard.runner import TransactionRunner
 
@@ -564,11 +564,9 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
         with Progress() as bar:
             task = bar.add_task("replaying the log", total=None)
             report = recovery.rebuild(
-                Sessions(runner, store, SessionLimits()),
-                lambda done, total: bar.update(task, completed=done, total=max(done, total)),
+                Core(runner, store, SessionLimits()),
+                lambda done, total: bar.update(task, completed=done, total=total),
             )
-            # The total counted abandoned events too, which are not replayed: done is all.
-            bar.update(task, completed=report.events, total=max(report.events, 1))
     finally:
         runner.close()
     click.echo(f"replayed {report.events} events")

@@ -71,9 +71,11 @@ class Mutations:
         self.declared: set[str] = set()
 
     def __call__(
-        self, to_response: Callable[[R], Resp]
-    ) -> Callable[[Handler[S, Req, R]], Callable[[S, Req, Any], Awaitable[Resp]]]:
-        def declare(handler: Handler[S, Req, R]) -> Callable[[S, Req, Any], Awaitable[Resp]]:
+        self, to_response: Callable[[Any], Resp]
+    ) -> Callable[[Handler[S, Req, Any]], Callable[[S, Req, Any], Awaitable[Resp]]]:
+        # `to_response` takes Any: a lambda's parameter cannot be annotated, and mypy
+        # cannot infer it from the handler, which comes second.
+        def declare(handler: Handler[S, Req, Any]) -> Callable[[S, Req, Any], Awaitable[Resp]]:
             rpc = self.service.methods_by_name[handler.__name__]
             if "request_id" not in rpc.input_type.fields_by_name:
                 raise TypeError(f"{rpc.full_name}: its request has no request_id field")
@@ -89,7 +91,7 @@ class Mutations:
                 checked_request_id(request_id)
                 built: list[Resp] = []
 
-                def encode(result: R) -> bytes:
+                def encode(result: Any) -> bytes:
                     built.append(to_response(result))
                     return built[-1].SerializeToString()
 

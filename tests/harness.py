@@ -29,7 +29,7 @@ import psycopg2
 from delivery_service.app import DeliveryUnit
 from delivery_service.state_machine import LedgerLimits
 from session_service.app import SessionUnit
-from session_service.sessions import SessionLimits
+from session_service.core import SessionLimits
 from switchboard.database import DatabaseSettings
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc

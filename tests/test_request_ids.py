@@ -18,7 +18,7 @@ import pytest
 
 from delivery_service.migrations import DELIVERY_SCHEMA
 from delivery_service.state_machine import LedgerLimits
-from session_service.sessions import SessionLimits
+from session_service.core import SessionLimits
 from switchboard import migrations
 from switchboard.auth import parse_tokens
 from switchboard.database import DatabaseSettings, open_backend

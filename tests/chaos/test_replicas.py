@@ -283,7 +283,7 @@ def test_three_session_replicas_keep_one_gap_free_sequence(
 
     unit = SessionUnit(DatabaseSettings(url=postgres_url))
     try:
-        report = recovery.rebuild(unit.sessions)
+        report = recovery.rebuild(unit.core)
     finally:
         unit.close()
     assert not report.differed, report

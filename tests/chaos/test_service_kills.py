@@ -242,7 +242,7 @@ def _check_replay(url: str, address: str, sessions: set[str]) -> None:
     """Projections, snapshots and served state all equal a replay of the log."""
     unit = SessionUnit(DatabaseSettings(url=url))  # verifies head == newest event on open
     try:
-        report = recovery.rebuild(unit.sessions)
+        report = recovery.rebuild(unit.core)
         assert not report.differed, f"the projections differed from a replay: {report}"
         with channel_to(address) as channel:
             stub = spb_grpc.SessionServiceStub(channel)

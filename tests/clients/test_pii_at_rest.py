@@ -20,7 +20,7 @@ from switchboard_client import DeliveryClient, SessionClient
 from switchboard_client.gateway import Gateway, Inbound, Turn
 from switchboard_client.loopback import LoopbackPlatform
 
-from session_service.sessions import SessionLimits
+from session_service.core import SessionLimits
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import (

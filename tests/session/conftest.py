@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from session_service.sessions import SessionLimits
+from session_service.core import SessionLimits
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import EventLoopThread, InProcessSession, session_server

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import duration_pb2
 
 from session_service import freshness, recovery
-from session_service.sessions import SessionLimits
+from session_service.core import SessionLimits
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import EventLoopThread, InProcessSession, session_server
@@ -252,7 +252,7 @@ def test_the_holder_survives_a_restart_snapshots_and_a_rebuild(
             assert snapshot is not None
             assert snapshot[1].session.resume_holder == holder
             store.delete_snapshots()
-        report = recovery.rebuild(after.unit.sessions)
+        report = recovery.rebuild(after.unit.core)
         assert not report.differed, report.differences
         assert _get(after.stub, session_id) == marked, "a replay of the log says the same"
 

@@ -12,11 +12,8 @@ import pytest
 from click.testing import CliRunner
 from switchboard_client import SessionClient, SwitchboardError
 
-from session_service.sessions import (
-    _LOGGED_EVENT_OVERHEAD,
-    MAX_EVENTS_PER_APPEND,
-    SessionLimits,
-)
+from session_service.checks import _LOGGED_EVENT_OVERHEAD, MAX_EVENTS_PER_APPEND
+from session_service.core import SessionLimits
 from switchboard import cli, pagination
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc

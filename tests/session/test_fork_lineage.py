@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from session_service import recovery
+from session_service.agents import Agents
+from session_service.conversations import Conversations
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import EventLoopThread, InProcessSession
 from tests.session.conftest import StartSession, append, create_agent, resolve, user_message, web
@@ -136,7 +138,7 @@ def test_rewinds_checkouts_rebuilds_and_restarts_keep_a_fork_whole(
     service.stub.Checkout(pb.CheckoutRequest(sequence=head))
     assert _history(service, grandchild) == ["a", "b", "c"]
 
-    report = recovery.rebuild(service.unit.sessions)
+    report = recovery.rebuild(service.unit.core)
     assert not report.differed, report.differences
     assert _history(service, grandchild) == ["a", "b", "c"]
 
@@ -151,11 +153,14 @@ def test_a_fork_made_by_a_release_that_copied_the_history_still_reads_its_copy(
     create_agent(service.stub)
     parent = resolve(service.stub, **web()).session.session_id
     [a] = _say(service, parent, "a")
-    sessions = service.unit.sessions
+    sessions = service.unit.core
+    conversations = Conversations(sessions, Agents(sessions))
     lineage = pb.Lineage(parent_session_id=parent, parent_agent="main", forked_at_sequence=a)
 
     def copying_fork(now: float) -> pb.Session:
-        opened = sessions.open_session(now, "main", "old-fork", "", pb.Source(), lineage=lineage)
+        opened = conversations.open_session(
+            now, "main", "old-fork", "", pb.Source(), lineage=lineage
+        )
         copy = pb.Event(agent="main", session_id="old-fork", session_version=opened.version + 1)
         copy.message_appended.message.CopyFrom(pb.Message(role=pb.ROLE_USER, content="a"))
         sessions.log(now, [copy])

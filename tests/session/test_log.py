@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from session_service import recovery
-from session_service.sessions import SessionLimits
+from session_service.core import SessionLimits
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import InProcessSession
 from tests.session.conftest import StartSession, append, create_agent, resolve, user_message, web
@@ -175,7 +175,7 @@ def test_state_from_snapshots_equals_a_full_replay(start_session: StartSession) 
     )
     with store.database.connection_context():
         store.delete_snapshots()
-    report = recovery.rebuild(service.unit.sessions)
+    report = recovery.rebuild(service.unit.core)
     assert not report.differed, report.differences
     replayed = service.stub.GetSessionState(
         pb.GetSessionStateRequest(agent="main", session_id=session_id)
@@ -191,7 +191,7 @@ def test_rebuild_repairs_damaged_projections(main_agent: InProcessSession) -> No
     with store.database.connection_context():
         store.Route.delete().execute()
         store.Session.update(version=99).execute()
-    report = recovery.rebuild(main_agent.unit.sessions)
+    report = recovery.rebuild(main_agent.unit.core)
     assert report.differences["routes"] == 1
     assert report.differences["sessions"] == 2  # the damaged row out, the true one in
     assert resolve(main_agent.stub, **web()).session.session_id == session_id

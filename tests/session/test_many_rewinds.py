@@ -60,7 +60,7 @@ def _build(unit: SessionUnit, session_id: str, first: int, count: int) -> list[R
 
 
 def _build_batch(unit: SessionUnit, session_id: str, first: int, count: int) -> list[Round]:
-    travel = TimeTravel(unit.sessions)
+    travel = TimeTravel(unit.core)
 
     def op(now: float) -> list[Round]:
         rounds = []
@@ -76,7 +76,7 @@ def _build_batch(unit: SessionUnit, session_id: str, first: int, count: int) -> 
                 assert name is not None
                 getattr(event, name).CopyFrom(getattr(body, name))
                 events.append(event)
-            logged = unit.sessions.log(now, events, index)
+            logged = unit.core.log(now, events, index)
             moved = travel.rewind_within(now, logged[1].sequence)
             assert (moved.abandoned, moved.to_sequence) == (2, logged[1].sequence)
             rounds.append(Round(logged[1].sequence, logged[3].sequence))

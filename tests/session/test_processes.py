@@ -76,7 +76,7 @@ def test_sigkill_during_an_append_storm_loses_nothing_acknowledged(
             s: restarted.stub.GetSessionState(pb.GetSessionStateRequest(agent="main", session_id=s))
             for s in sessions
         }
-        report = recovery.rebuild(restarted.unit.sessions)
+        report = recovery.rebuild(restarted.unit.core)
         assert not report.differed, report.differences
         for session_id, before in state_before.items():
             after = restarted.stub.GetSessionState(
@@ -119,7 +119,7 @@ def test_sigkill_mid_rewind_is_all_or_nothing_and_repeatable(
         assert first.unchanged == (lengths == {1}), "it happens once: before the kill or now"
         assert again.unchanged and not again.HasField("record")
         assert all(_texts(restarted.stub, s) == ["kept"] for s in sessions)
-        assert not recovery.rebuild(restarted.unit.sessions).differed
+        assert not recovery.rebuild(restarted.unit.core).differed
 
 
 def _texts(stub: pb_grpc.SessionServiceStub, session_id: str) -> list[str]:

@@ -134,7 +134,7 @@ def test_listed_summaries_are_the_fold_of_the_log_after_every_kind_of_change(
     assert set(ids) <= set(listed)
     for session_id, session in listed.items():
         assert session == _folded(service, session_id), session_id
-    assert not recovery.rebuild(service.unit.sessions).differed
+    assert not recovery.rebuild(service.unit.core).differed
 
 
 def test_a_page_of_agents_is_one_statement_and_each_is_the_agent_without_memory(

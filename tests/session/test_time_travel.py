@@ -247,7 +247,7 @@ def test_projections_after_rewinds_equal_a_rebuild(chat: tuple[InProcessSession,
     tip = append(stub, resolve(stub, **web()).session.session_id, user_message("x")).events[0]
     _rewind(stub, mark)
     stub.Checkout(pb.CheckoutRequest(sequence=tip.sequence))
-    report = recovery.rebuild(service.unit.sessions)
+    report = recovery.rebuild(service.unit.core)
     assert not report.differed, report.differences
 
 

@@ -1,0 +1,231 @@
+"""Agents: their creation, changes and memory, all through one guarded path
+(`Agents._change_agent`), and the reads of their rows and lineage."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from google.protobuf import field_mask_pb2
+
+from session_service import permissions, replay
+from session_service.checks import MAX_AGENT_BYTES, agent_name, checked_agent
+from session_service.core import Core
+from session_service.log_store import AgentIndex, agent_summary
+from switchboard import pagination, validation
+from switchboard.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+)
+from switchboard.session.v1 import session_service_pb2 as pb
+
+
+class Agents:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.store = core.store
+        self.runner = core.runner
+
+    def live_agent(self, name: str) -> pb.Agent:
+        agent = self.store.agent_state(name)
+        if agent is None:
+            raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
+        if agent.archived:
+            raise FailedPrecondition("AGENT_ARCHIVED", f"agent {name!r} is archived")
+        return agent
+
+    def live_agent_summary(self, name: str) -> pb.Agent:
+        """The live agent without its memory, from its projection row (one statement):
+        enough for routing, freshness and existence checks."""
+        index = self.store.agent_index(name)
+        if index is None:
+            raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
+        agent = self.agent_summary_of(index)
+        if agent.archived:
+            raise FailedPrecondition("AGENT_ARCHIVED", f"agent {name!r} is archived")
+        return agent
+
+    def agent_summary_of(self, index: AgentIndex) -> pb.Agent:
+        """The agent without its memory, from its projection row (a row not summarized
+        yet folds the agent: see `recovery.fill_summaries`)."""
+        if index.summary is None:
+            agent = self.store.agent_state(index.name)
+            assert agent is not None
+            return agent_summary(agent)
+        return pb.Agent.FromString(index.summary)
+
+    async def create_agent(self, agent: pb.Agent) -> pb.Agent:
+        checked_agent(agent)
+        created = pb.Agent()
+        created.CopyFrom(agent)
+        for field in ("archived", "version", "last_sequence", "create_time", "update_time"):
+            created.ClearField(field)
+
+        def op(now: float) -> pb.Agent:
+            if self.store.agent_index(agent.name) is not None:
+                raise AlreadyExists("AGENT_EXISTS", f"agent {agent.name!r} exists already")
+            parent = self.store.agent_state(created.parent) if created.parent else None
+            if parent is not None:
+                # A record of what it may never do; the parent's current rules bind it anyway.
+                inherited = [r for r in parent.permissions if r.effect == pb.PERMISSION_EFFECT_DENY]
+                created.permissions.extend(r for r in inherited if r not in created.permissions)
+            event = pb.Event(agent=agent.name, agent_created=pb.AgentCreated(agent=created))
+            return self._change_agent(now, None, event, permissions.BOUNDED_FIELDS)
+
+        result: pb.Agent = await self.core.write(op)
+        return result
+
+    async def get_agent(self, name: str) -> pb.Agent:
+        agent_name("name", name)
+
+        def op() -> pb.Agent:
+            agent = self.store.agent_state(name)
+            if agent is None:
+                raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
+            return agent
+
+        return await self.runner.read(op)
+
+    async def list_agents(
+        self, include_archived: bool, page_size: int, page_token: str
+    ) -> tuple[list[pb.Agent], str]:
+        size = pagination.page_size(page_size)
+        position = pagination.position_of(page_token, [include_archived], str)
+        after = position[0] if position else ""
+
+        def op() -> tuple[list[pb.Agent], str]:
+            rows = self.store.list_agents(after, size + 1, include_archived)
+            more = len(rows) > size
+            agents = [self.agent_summary_of(row) for row in rows[:size]]
+            token = pagination.encode([agents[-1].name], [include_archived]) if more else ""
+            return agents, token
+
+        return await self.runner.read(op)
+
+    async def update_agent(self, agent: pb.Agent, mask: field_mask_pb2.FieldMask) -> pb.Agent:
+        agent_name("agent.name", agent.name)
+        if not mask.paths:
+            raise InvalidArgument("update_mask", "names no field to change")
+        for path in mask.paths:
+            if path.split(".", 1)[0] not in replay.UPDATABLE_AGENT_FIELDS:
+                raise InvalidArgument(
+                    "update_mask",
+                    f"{path!r} cannot be updated; use one of "
+                    f"{', '.join(replay.UPDATABLE_AGENT_FIELDS)} (memory has PutMemory)",
+                )
+        if not mask.IsValidForDescriptor(pb.Agent.DESCRIPTOR):
+            raise InvalidArgument("update_mask", "names a field the Agent message does not have")
+        checked_agent(agent)
+
+        def op(now: float) -> pb.Agent:
+            update = pb.AgentUpdated(update_mask=mask)
+            update.agent.CopyFrom(agent)
+            event = pb.Event(agent=agent.name, agent_updated=update)
+            touched = permissions.bounded_fields(mask.paths)
+            return self._change_agent(now, self.live_agent(agent.name), event, touched)
+
+        result: pb.Agent = await self.core.write(op)
+        return result
+
+    async def delete_agent(self, name: str) -> pb.Agent:
+        agent_name("name", name)
+
+        def op(now: float) -> pb.Agent:
+            agent = self.store.agent_state(name)
+            if agent is None:
+                raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
+            if not agent.archived:
+                self.core.log(now, [pb.Event(agent=name, agent_archived=pb.AgentArchived())])
+            archived = self.store.agent_state(name)
+            assert archived is not None
+            return archived
+
+        result: pb.Agent = await self.core.write(op)
+        return result
+
+    async def put_memory(self, name: str, key: str, value: str) -> pb.Agent:
+        agent_name("agent", name)
+        validation.text("key", key, max_len=256, required=True)
+        validation.text("value", value, max_len=64 * 1024, allow_newlines=True)
+        event = pb.Event(agent=name, memory_put=pb.MemoryPut(key=key, value=value))
+        return await self._agent_change(name, event)
+
+    async def delete_memory(self, name: str, key: str) -> pb.Agent:
+        agent_name("agent", name)
+        validation.text("key", key, max_len=256, required=True)
+        event = pb.Event(agent=name, memory_deleted=pb.MemoryDeleted(key=key))
+        return await self._agent_change(name, event)
+
+    async def _agent_change(self, name: str, event: pb.Event) -> pb.Agent:
+        key = event.memory_put.key or event.memory_deleted.key
+
+        def op(now: float) -> pb.Agent:
+            agent = self.live_agent(name)
+            lineage = self.whole_lineage(agent) if agent.parent else permissions.Ancestry()
+            rules = [r for a in (agent, *lineage.agents) for r in a.permissions]
+            if any(fnmatchcase("memory.write", rule.action) for rule in rules):
+                # The rules of the agent or an ancestor speak of memory writes: they go
+                # through the gate, every ancestor's layer included.
+                decision = permissions.decide(agent, (), "memory.write", f"memory:{key}", lineage)
+                if not decision.allowed:
+                    raise PermissionDenied(
+                        "PERMISSION_DENIED", f"memory.write on {key!r}: {decision.reason}"
+                    )
+            return self._change_agent(now, agent, event, frozenset(), lineage)
+
+        result: pb.Agent = await self.core.write(op)
+        return result
+
+    def _change_agent(
+        self,
+        now: float,
+        before: pb.Agent | None,
+        event: pb.Event,
+        touched: frozenset[str],
+        lineage: permissions.Ancestry | None = None,
+    ) -> pb.Agent:
+        """The one path every change of an agent takes (creation, update, memory): the
+        agent as the event leaves it must fit the size limit and, for a sub-agent, have
+        a whole lineage and stay within every ancestor in the `touched` fields; only
+        then is the event logged. `lineage`: the ancestors, when the caller read them."""
+        after = pb.Agent()
+        if before is not None:
+            after.CopyFrom(before)
+        replay.apply_to_agent(after, event)
+        if after.ByteSize() > MAX_AGENT_BYTES:
+            raise FailedPrecondition(
+                "AGENT_TOO_LARGE",
+                f"agent {after.name!r} would be {after.ByteSize()} bytes encoded; the limit is "
+                f"{MAX_AGENT_BYTES}: delete memory entries (DeleteMemory) to make room",
+            )
+        if after.parent:
+            lineage = lineage or self.whole_lineage(after)
+            found = permissions.excess(after, lineage.agents, touched)
+            if found is not None:
+                raise FailedPrecondition(
+                    "EXCEEDS_PARENT",
+                    f"{found.field}: sub-agent {after.name!r} may not exceed its ancestors: "
+                    f"{found.message}",
+                    {"field": found.field},
+                )
+        self.core.log(now, [event])
+        return self.live_agent(after.name)
+
+    def lineage(self, agent: pb.Agent) -> permissions.Ancestry:
+        """The agent's ancestors as they are now (one read each)."""
+        return permissions.ancestry(agent, self.store.agent_state)
+
+    def whole_lineage(self, agent: pb.Agent) -> permissions.Ancestry:
+        """The sub-agent's ancestors; FAILED_PRECONDITION naming the break when the chain
+        is not whole (a change must not leave or keep a sub-agent hanging off nothing)."""
+        lineage = self.lineage(agent)
+        if lineage.broken:
+            raise FailedPrecondition(
+                lineage.reason,
+                f"agent.parent: sub-agent {agent.name!r} (parent {agent.parent!r}): "
+                f"{lineage.broken}; give it a live parent (UpdateAgent parent) or none",
+                {"field": "agent.parent"},
+            )
+        return lineage

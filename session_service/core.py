@@ -1,0 +1,149 @@
+"""The session core's shared parts: the log every change goes through, the
+watchers it wakes, the session rows every part reads, and personal ids.
+
+Every change is a typed event appended to the global log by `Core.log`, which
+also keeps the projections (agent and session index rows, routes) in the same
+transaction through `Projection.project`, the one function a rebuild replays too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from session_service import pii
+from session_service.log_store import LogStore, SessionIndex
+from session_service.projection import Projection
+from session_service.watching import Watching, WatchLimits
+from switchboard.errors import FailedPrecondition, NotFound
+from switchboard.idempotency import DEFAULT_WINDOW_S
+from switchboard.runner import TransactionRunner
+from switchboard.session.v1 import session_service_pb2 as pb
+
+#: The events that carry a message, whose sender is a platform user id.
+_CARRYING_MESSAGES = ("message_appended", "outbox_queued", "inbox_posted")
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    #: A snapshot is written when an entity has this many events since its last one.
+    snapshot_every: int = 100
+    #: Longest message content accepted, in UTF-8 bytes.
+    max_content_bytes: int = 256 * 1024
+    #: How often the log tailer looks for events no notification announced (other
+    #: replicas on SQLite, or Postgres while LISTEN is down).
+    watch_poll_s: float = 1.0
+    #: WatchEvents streams held at once (--max-watchers), and each live watcher's queue
+    #: bound: beyond it the watcher is ended WATCHER_TOO_SLOW (see `watching`).
+    max_watchers: int = 4000
+    watch_queue_events: int = 1000
+    watch_queue_bytes: int = 4 * 1024 * 1024
+    #: How long a request id's answer is kept for retries.
+    request_id_window_s: float = DEFAULT_WINDOW_S
+
+
+def _messages_of(events: Sequence[pb.Event]) -> list[pb.Message]:
+    """The messages the events carry (references: changing one changes its event)."""
+    bodies = [(event, event.WhichOneof("body")) for event in events]
+    return [getattr(event, body).message for event, body in bodies if body in _CARRYING_MESSAGES]
+
+
+class Core:
+    def __init__(
+        self,
+        runner: TransactionRunner,
+        store: LogStore,
+        limits: SessionLimits,
+        redactor: pii.Redactor | None = None,
+    ) -> None:
+        self.runner = runner
+        self.store = store
+        self.limits = limits
+        #: Hashes the ids agents with `settings.redact_pii` must not store raw.
+        self.redactor = redactor or pii.Redactor()
+        self.projection = Projection(store, limits.snapshot_every)
+        watch_limits = WatchLimits(
+            max_watchers=limits.max_watchers,
+            queue_events=limits.watch_queue_events,
+            queue_bytes=limits.watch_queue_bytes,
+            poll_s=limits.watch_poll_s,
+        )
+        self.watching = Watching(runner, store, watch_limits, self._watchable)
+
+    def log(
+        self, now: float, events: Sequence[pb.Event], session: SessionIndex | None = None
+    ) -> list[pb.Event]:
+        """Appends events and keeps the projections and snapshots with them. `session`:
+        the projection row of the events' session as the caller read it in this
+        transaction (under the log lock), so that it is not read again."""
+        self.projection.number_agent_events(events)
+        logged = self.store.append(events, now)
+        self.projection.project(logged, snapshot=True, known=session)
+        return logged
+
+    def notify_watchers(self) -> None:
+        self.watching.notify()
+
+    async def write(self, op: Callable[[float], Any]) -> Any:
+        result = await self.runner.write(op)
+        self.notify_watchers()
+        return result
+
+    def session_of(self, agent: str, session_id: str) -> SessionIndex:
+        """The agent's session; another agent's session is NOT_FOUND too (routing is scoped)."""
+        index = self.store.session_index(session_id)
+        if index is None or index.agent != agent:
+            raise NotFound("SESSION_NOT_FOUND", f"agent {agent!r} has no session {session_id!r}")
+        return index
+
+    def open_session_of(self, agent: str, session_id: str) -> SessionIndex:
+        index = self.session_of(agent, session_id)
+        if index.status != pb.SESSION_STATUS_OPEN:
+            raise FailedPrecondition(
+                "SESSION_ENDED", f"session {session_id!r} has ended; resolve or spawn a new one"
+            )
+        return index
+
+    def summary(self, session_id: str, index: SessionIndex | None = None) -> pb.Session:
+        """The session as its projection row keeps it: one statement, none when the
+        caller passes the row it read in this transaction."""
+        index = index or self.store.session_index(session_id)
+        assert index is not None, f"no session {session_id!r}"
+        if index.summary is None:  # a row not summarized yet (see `recovery.fill_summaries`)
+            state = self.store.session_state(session_id)
+            assert state is not None
+            return state.session
+        return pb.Session.FromString(index.summary)
+
+    def redactor_for(self, settings: pb.AgentSettings) -> pii.Redactor | None:
+        """The redactor when the agent redacts PII, else None (ids stored as given)."""
+        return self.redactor if settings.redact_pii else None
+
+    def redacts_pii(self, agent: str) -> bool:
+        """The agent's setting, read from its state: 2 statements (the latest
+        snapshot, the events after it)."""
+        state = self.store.agent_state(agent)
+        return state is not None and state.settings.redact_pii
+
+    def redact_senders(
+        self, agent: str, events: Sequence[pb.Event], redact: bool | None = None
+    ) -> None:
+        """Hashes the senders of the events' messages when `redact` (None: when the
+        agent's settings say so). The agent is read only if some sender is a person's
+        raw id: appends without senders, with agents as senders, or with senders
+        stored redacted before (a turn's inbox moved into its history) cost nothing."""
+        raw = [message for message in _messages_of(events) if pii.sender_is_raw(message.sender)]
+        if not raw:
+            return
+        if redact is None:
+            redact = self.redacts_pii(agent)
+        if redact:
+            for message in raw:
+                message.sender = self.redactor.sender(message.sender)
+
+    def _watchable(self, agent: str, session_id: str) -> None:
+        if agent:
+            self.session_of(agent, session_id)
+        elif self.store.session_index(session_id) is None:
+            raise NotFound("SESSION_NOT_FOUND", f"there is no session {session_id!r}")

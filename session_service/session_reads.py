@@ -1,0 +1,147 @@
+"""Reads of sessions: one session, a page of an agent's sessions, a page of
+history, the whole state, a snapshot on request, and watching the log."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from session_service.checks import agent_name, checked_session_id
+from session_service.core import Core
+from switchboard import pagination, validation
+from switchboard.errors import InvalidArgument, NotFound
+from switchboard.session.v1 import session_service_pb2 as pb
+
+
+class SessionReads:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.store = core.store
+        self.runner = core.runner
+
+    async def get_session(self, agent: str, session_id: str) -> pb.Session:
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+
+        def op() -> pb.Session:
+            return self.core.summary(session_id, self.core.session_of(agent, session_id))
+
+        return await self.runner.read(op)
+
+    async def list_sessions(
+        self, agent: str, status: int, transport: str, page_size: int, page_token: str
+    ) -> tuple[list[pb.Session], str]:
+        agent_name("agent", agent)
+        if status not in pb.SessionStatus.values():
+            raise InvalidArgument("status", f"{status} is not a known SessionStatus")
+        if transport:
+            validation.platform("transport", transport)
+        size = pagination.page_size(page_size)
+        filters = [agent, status, transport]
+        position = pagination.position_of(page_token, filters, int)
+        before = position[0] if position else None
+
+        def op() -> tuple[list[pb.Session], str]:
+            if self.store.agent_index(agent) is None:
+                raise NotFound("AGENT_NOT_FOUND", f"agent {agent!r} does not exist")
+            rows = self.store.list_sessions(agent, status, transport, before, size + 1)
+            more = len(rows) > size
+            rows = rows[:size]
+            sessions = [self.core.summary(row.session_id, row) for row in rows]
+            token = pagination.encode([rows[-1].created_seq], filters) if more else ""
+            return sessions, token
+
+        return await self.runner.read(op)
+
+    async def history(
+        self,
+        agent: str,
+        session_id: str,
+        after: int,
+        limit: int,
+        newest: bool,
+        include_abandoned: bool = False,
+        before: int = 0,
+        page_token: str = "",
+    ) -> tuple[list[pb.QueuedMessage], str]:
+        """A page of the history, oldest first, and the token of the next page in the
+        same direction: newer messages, or with `newest` older ones."""
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+        validation.int64("after_sequence", after)
+        validation.int64("before_sequence", before)
+        size = pagination.page_size(limit)
+        filters = ["history", agent, session_id, newest, include_abandoned, after, before]
+        position = pagination.position_of(page_token, filters, int)
+        if position is not None:  # the bound that moves: the lower one forwards
+            after, before = (after, position[0]) if newest else (position[0], before)
+
+        def op() -> tuple[list[pb.QueuedMessage], str]:
+            index = self.core.session_of(agent, session_id)
+            shared = self.core.summary(session_id, index).lineage.shares_parent_history
+            events, more = self.store.history(
+                session_id,
+                after,
+                before or None,
+                size,
+                newest,
+                include_abandoned,
+                pagination.MAX_ANSWER_BYTES,
+                shared,
+            )
+            abandoned = (
+                self.store.abandoned_among([e.sequence for e in events])
+                if include_abandoned
+                else set()
+            )
+            messages = [
+                pb.QueuedMessage(
+                    sequence=e.sequence,
+                    message=e.message_appended.message,
+                    abandoned=e.sequence in abandoned,
+                )
+                for e in events
+            ]
+            edge = (events[0] if newest else events[-1]).sequence if events else 0
+            return messages, pagination.encode([edge], filters) if more else ""
+
+        # The rows' sizes, then the rows that fit: one snapshot, so that a move between
+        # the two statements cannot hand back rows the sizes did not count.
+        return await self.runner.read(op, consistent=True)
+
+    async def state(self, agent: str, session_id: str) -> tuple[pb.SessionState, pb.Agent]:
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+
+        def op() -> tuple[pb.SessionState, pb.Agent]:
+            self.core.session_of(agent, session_id)
+            state = self.store.session_state(session_id)
+            owner = self.store.agent_state(agent)
+            assert state is not None and owner is not None
+            return state, owner
+
+        # A snapshot and the events after it, twice: a rewind committed between them
+        # would fold a snapshot it abandoned with the events it left.
+        return await self.runner.read(op, consistent=True)
+
+    async def snapshot(self, agent: str, session_id: str) -> int:
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+
+        def op(_now: float) -> int:
+            index = self.core.session_of(agent, session_id)
+            self.core.projection.snapshot_agent(agent)
+            self.store.put_session_index(replace(index, snapshot_version=index.version))
+            return self.core.projection.snapshot_session(session_id)
+
+        result: int = await self.runner.write(op)
+        return result
+
+    def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[pb.Event]:
+        """Events after `after`, then live ones as they commit (`watching.Watching`)."""
+        if agent:
+            agent_name("agent", agent)
+        if session_id:
+            checked_session_id(session_id)
+        validation.int64("after_sequence", after)
+        return self.core.watching.watch(after, agent, session_id)
