@@ -164,6 +164,33 @@ def _driver(method: str) -> Call:
     return Call("driver", method)
 
 
+class GatewayView:
+    """What both gateway drivers show of their rules' state."""
+
+    rules: GatewayRules
+
+    @property
+    def name(self) -> str:
+        return self.rules.name
+
+    @property
+    def agent(self) -> str:
+        return self.rules.agent
+
+    @property
+    def instance_id(self) -> str:
+        return self.rules.instance_id
+
+    @property
+    def connected(self) -> set[str]:
+        return self.rules.connected
+
+    @property
+    def deferred(self) -> set[str]:
+        """Sessions whose turn a live instance was running when we looked."""
+        return self.rules.deferred
+
+
 class GatewayRules:
     """What a gateway decides, and its bookkeeping; I/O goes through `Call`s."""
 

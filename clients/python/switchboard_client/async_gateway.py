@@ -28,6 +28,7 @@ from typing import Any
 from switchboard_client._core import (
     Call,
     GatewayRules,
+    GatewayView,
     Inbound,
     Steps,
     T,
@@ -41,7 +42,7 @@ from switchboard_client.aio import AsyncDeliveryClient, AsyncSessionClient
 AsyncAgentCallback = Callable[[Turn], Awaitable[str]] | Callable[[Turn], str]
 
 
-class AsyncGateway:
+class AsyncGateway(GatewayView):
     def __init__(
         self,
         name: str,
@@ -65,27 +66,6 @@ class AsyncGateway:
         self._tasks: list[asyncio.Task[None]] = []
         # One resume pass at a time: the periodic one and a caller's never run a turn twice.
         self._resuming = asyncio.Lock()
-
-    @property
-    def name(self) -> str:
-        return self.rules.name
-
-    @property
-    def agent(self) -> str:
-        return self.rules.agent
-
-    @property
-    def instance_id(self) -> str:
-        return self.rules.instance_id
-
-    @property
-    def connected(self) -> set[str]:
-        return self.rules.connected
-
-    @property
-    def deferred(self) -> set[str]:
-        """Sessions whose turn a live instance was running when we looked."""
-        return self.rules.deferred
 
     # -- life ------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from switchboard_client._core import (
     RECOVERED_MARKER,
     Call,
     GatewayRules,
+    GatewayView,
     Inbound,
     Steps,
     T,
@@ -33,7 +34,7 @@ from switchboard_client.session import SessionClient
 AgentCallback = Callable[[Turn], str]
 
 
-class Gateway:
+class Gateway(GatewayView):
     def __init__(
         self,
         name: str,
@@ -59,27 +60,6 @@ class Gateway:
         self._threads: list[threading.Thread] = []
         # One resume pass at a time: the periodic one and a caller's never run a turn twice.
         self._resuming = threading.Lock()
-
-    @property
-    def name(self) -> str:
-        return self.rules.name
-
-    @property
-    def agent(self) -> str:
-        return self.rules.agent
-
-    @property
-    def instance_id(self) -> str:
-        return self.rules.instance_id
-
-    @property
-    def connected(self) -> set[str]:
-        return self.rules.connected
-
-    @property
-    def deferred(self) -> set[str]:
-        """Sessions whose turn a live instance was running when we looked."""
-        return self.rules.deferred
 
     # -- life ------------------------------------------------------------------------------
 
