@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import shutil
 import signal
 import subprocess
@@ -33,6 +32,7 @@ from switchboard_client.loopback import LoopbackPlatform
 from delivery_service.state_machine import LedgerLimits
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
+from tests.docs.blocks import read_blocks
 from tests.harness import EventLoopThread, delivery_server, session_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -496,13 +496,16 @@ def test_a_turn_is_left_to_its_live_holder_and_resumed_once_the_holder_dies(
 # -- the README's examples --------------------------------------------------------------
 
 #: ```js blocks run as written; ```sh blocks are shell commands for people (npm pack, npm ci).
-JS_BLOCK = re.compile(r"^```js\n(.*?)^```", re.DOTALL | re.MULTILINE)
+NOT_RUN = {"sh", "text"}
 
 
 def test_every_js_block_of_the_node_readme_runs_against_the_services(
     services: Services, tmp_path: Path
 ) -> None:
-    blocks = JS_BLOCK.findall(README.read_text())
+    found = read_blocks(README)
+    unmarked = [block.where for block in found if block.language not in NOT_RUN | {"js"}]
+    assert not unmarked, f"blocks neither run nor marked shell or text: {unmarked}"
+    blocks = [block.code for block in found if block.language == "js"]
     assert len(blocks) >= 2, "the client example and the gateway example"
     environment = {
         **os.environ,

@@ -5,40 +5,24 @@ other block must say what it is (```sh, ```text), so none is skipped unmarked.""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.docs.blocks import read_blocks
 from tests.harness import EventLoopThread, delivery_server, session_server
 
 README = Path(__file__).resolve().parents[2] / "clients" / "python" / "README.md"
 NOT_RUN = {"sh", "text"}
-FENCE = re.compile(r"^```(\S*)\s*$")
 
 
-def blocks(text: str) -> list[tuple[str, str, str]]:
-    """(language, the heading above it, code) for every fenced block."""
-    found: list[tuple[str, str, str]] = []
-    heading, language, lines = "", None, list[str]()
-    for line in text.splitlines():
-        fence = FENCE.match(line)
-        if language is None:
-            if line.startswith("#"):
-                heading = line.lstrip("# ")
-            elif fence:
-                language, lines = fence.group(1), []
-        elif fence and not fence.group(1):
-            found.append((language, heading, "\n".join(lines) + "\n"))
-            language = None
-        else:
-            lines.append(line)
-    assert language is None, "an unclosed code block"
-    return found
+def blocks(path: Path) -> list[tuple[str, str, str]]:
+    """(language, where it is, code) for every fenced block."""
+    return [(block.language, block.where, block.code) for block in read_blocks(path)]
 
 
 def test_every_block_is_marked() -> None:
-    languages = [language for language, _, _ in blocks(README.read_text())]
+    languages = [language for language, _, _ in blocks(README)]
     assert "python" in languages
     assert set(languages) <= NOT_RUN | {"python"}, f"unmarked blocks: {languages}"
 
@@ -47,9 +31,7 @@ def test_the_python_blocks_run_against_real_services(
     loop_thread: EventLoopThread, tmp_path: Path
 ) -> None:
     url = f"sqlite:///{tmp_path / 'readme.sqlite3'}"
-    examples = [
-        (h, code) for language, h, code in blocks(README.read_text()) if language == "python"
-    ]
+    examples = [(h, code) for language, h, code in blocks(README) if language == "python"]
     with session_server(loop_thread, url) as session, delivery_server(loop_thread, url) as delivery:
         env = {
             **os.environ,
