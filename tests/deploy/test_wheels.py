@@ -41,6 +41,8 @@ from tests.deploy.artefacts import (
 pytestmark = pytest.mark.slow
 
 VERSION = (ROOT / "VERSION").read_text().strip()
+#: The client's extras, one per platform adapter module (switchboard_client.platforms.*).
+PLATFORM_EXTRAS = ("telegram", "slack")
 CLIENT_CALLS = Path(__file__).with_name("client_calls.py")
 
 
@@ -63,6 +65,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     server_venv = make_venv(
         base / "server-venv", wheels.server, wheels.client, *pinned("pytest", "pytest-timeout")
     )
+    # The full install takes the platform adapters' extras too, as a bot's deployment
+    # would (a second step: pip resolves a wheel file with extras apart from the pin on it).
+    run(
+        [server_venv.python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+         f"{wheels.client}[{','.join(PLATFORM_EXTRAS)}]"],
+        cwd=server_venv.root,
+    )  # fmt: skip
     print(
         f"\nwheels built in {wheels.build_seconds:.1f} s "
         f"(server {wheels.server.stat().st_size / 1024:.0f} KiB, "
@@ -121,7 +130,9 @@ def test_client_only_install_imports_the_client_and_nothing_of_the_server(
     installed: Installed,
 ) -> None:
     venv = installed.client_venv
-    modules = _module_names(_wheel_files(installed.wheels.client))
+    everything = _module_names(_wheel_files(installed.wheels.client))
+    adapters = [f"switchboard_client.platforms.{extra}" for extra in PLATFORM_EXTRAS]
+    modules = [name for name in everything if name not in adapters]
     origins = _imports_from(venv, modules)
     site = str(venv.site_packages())
     assert {name: path for name, path in origins.items() if not path.startswith(site)} == {}
@@ -133,6 +144,14 @@ def test_client_only_install_imports_the_client_and_nothing_of_the_server(
     )
     present = json.loads(run([venv.python, "-c", absent], cwd=venv.root, env=clean_environment()))
     assert present == [], f"the client-only venv has server parts: {present}"
+    # Without its extra, an adapter's import says which extra to install.
+    for extra, module in zip(PLATFORM_EXTRAS, adapters, strict=True):
+        refused = subprocess.run(
+            [venv.python, "-c", f"import {module}"],
+            cwd=venv.root, env=clean_environment(), capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert refused.returncode != 0
+        assert f"pip install 'switchboard-client[{extra}]'" in refused.stderr, refused.stderr
     assert "No broken requirements" in run([venv.python, "-m", "pip", "check"], cwd=venv.root)
 
 
@@ -188,6 +207,9 @@ def test_client_side_suite_passes_against_the_installed_wheels(
     suite = tmp_path / "suite"
     suite.mkdir()
     shutil.copytree(installed.tree / "tests", suite / "tests")
+    readme = suite / "clients" / "python" / "README.md"  # its blocks are run by the suite
+    readme.parent.mkdir(parents=True)
+    readme.write_bytes((installed.tree / "clients" / "python" / "README.md").read_bytes())
     (suite / "pyproject.toml").write_bytes((installed.tree / "pyproject.toml").read_bytes())
     origins_file = tmp_path / "origins.json"
     result = subprocess.run(

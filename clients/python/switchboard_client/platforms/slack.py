@@ -44,11 +44,17 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import aiohttp
-from aiohttp import web
-from slack_sdk.errors import SlackApiError
-from slack_sdk.signature import SignatureVerifier
-from slack_sdk.web.async_client import AsyncWebClient
+try:
+    import aiohttp
+    from aiohttp import web
+    from slack_sdk.errors import SlackApiError
+    from slack_sdk.signature import SignatureVerifier
+    from slack_sdk.web.async_client import AsyncWebClient
+except ImportError as missing:  # the extra is not installed: say which one
+    raise ImportError(
+        f"switchboard_client.platforms.slack needs slack_sdk and aiohttp ({missing.name} is "
+        "missing): pip install 'switchboard-client[slack]'"
+    ) from missing
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard_client.adapters import SendFailed

@@ -38,17 +38,23 @@ import logging
 import warnings
 from collections.abc import Awaitable, Callable
 
-from telegram import Bot, Message, Update
-from telegram.error import (
-    BadRequest,
-    ChatMigrated,
-    Forbidden,
-    InvalidToken,
-    NetworkError,
-    RetryAfter,
-    TelegramError,
-)
-from telegram.request import HTTPXRequest
+try:
+    from telegram import Bot, Message, Update
+    from telegram.error import (
+        BadRequest,
+        ChatMigrated,
+        Forbidden,
+        InvalidToken,
+        NetworkError,
+        RetryAfter,
+        TelegramError,
+    )
+    from telegram.request import HTTPXRequest
+except ImportError as missing:  # the extra is not installed: say which one
+    raise ImportError(
+        f"switchboard_client.platforms.telegram needs python-telegram-bot ({missing.name} is "
+        "missing): pip install 'switchboard-client[telegram]'"
+    ) from missing
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard_client.adapters import SendFailed
