@@ -626,18 +626,49 @@ class LogStore:
         if not shared:
             where = " AND ".join(["session_id = ?", *conditions])
             return self._sized_page(where, [session_id, *params], newest, limit, budget)
-        # The fork's own rows and each ancestor's up to its fork point: sequences are
-        # global, so the parts never overlap and read in order as one history.
-        own = " AND ".join(conditions)
-        inherited = " AND ".join(f"l.{condition}" for condition in conditions)
-        source = (
-            f"(SELECT seq, format, payload FROM session_log WHERE session_id = ? AND {own} "
-            "UNION ALL SELECT l.seq, l.format, l.payload FROM session_lineage a JOIN session_log l "
-            "ON l.session_id = a.ancestor_id AND l.seq <= a.until_seq "
-            f"WHERE a.session_id = ? AND {inherited}) h"
-        )
-        source_params = [session_id, *params, session_id, *params]
-        return self._sized_page("TRUE", [], newest, limit, budget, source, source_params)
+        # The fork's own rows lie above its fork point, its parent's below it, and so
+        # on up the lineage: segments of the one history, each read as a bounded page
+        # in the page's direction until the page is full. So a page costs what it
+        # holds (plus one lookup of the lineage), never the length of what it inherits.
+        segments = [(session_id, None), *self._ancestors(session_id)]
+        if not newest:
+            segments.reverse()
+        events: list[pb.Event] = []
+        for number, (entity, until) in enumerate(segments):
+            where, segment_params = _segment(entity, until, conditions, params)
+            left = budget - sum(event.ByteSize() for event in events)
+            page, more = self._sized_page(
+                where, segment_params, newest, limit - len(events), left, first_always=not events
+            )
+            events = page + events if newest else events + page
+            if more:
+                return events, True
+            if len(events) == limit:
+                return events, self._any_in(segments[number + 1 :], conditions, params)
+        return events, False
+
+    def _ancestors(self, session_id: str) -> list[tuple[str, int]]:
+        """A fork's ancestors, newest first: (ancestor's session id, its fork point)."""
+        rows = self.database.execute_sql(
+            self._sql(
+                "SELECT ancestor_id, until_seq FROM session_lineage WHERE session_id = ? "
+                "ORDER BY until_seq DESC"
+            ),
+            [session_id],
+        ).fetchall()
+        return [(str(ancestor), int(until)) for ancestor, until in rows]
+
+    def _any_in(
+        self, segments: list[tuple[str, int | None]], conditions: list[str], params: list[Any]
+    ) -> bool:
+        """Whether any of the segments holds a matching row (a page that filled up at
+        the end of a segment: is there a next page?)."""
+        for entity, until in segments:
+            where, segment_params = _segment(entity, until, conditions, params)
+            sql = self._sql(f"SELECT 1 FROM session_log WHERE {where} LIMIT 1")
+            if self.database.execute_sql(sql, segment_params).fetchone() is not None:
+                return True
+        return False
 
     def log_page(
         self,
@@ -677,35 +708,38 @@ class LogStore:
         descending: bool,
         limit: int,
         budget: int,
-        source: str = "session_log",
-        source_params: Sequence[Any] = (),
+        first_always: bool = True,
     ) -> tuple[list[pb.Event], bool]:
         """Events matching `where`, by sequence (from the top when `descending`), as many
         as `limit` and `budget` bytes allow, returned oldest first; and whether more
         match. Two statements: the rows' sizes (the payloads' lengths, which the
         database knows without reading them), then the payloads of the rows that fit;
-        so no more than a page is ever loaded, however large the rows."""
+        so no more than a page is ever loaded, however large the rows. The first row
+        comes even past the budget (so paging moves on) unless not `first_always`."""
         order = "DESC" if descending else "ASC"
         sizes = self.database.execute_sql(
             self._sql(
-                f"SELECT seq, LENGTH(payload) FROM {source} WHERE {where} "
+                f"SELECT seq, LENGTH(payload) FROM session_log WHERE {where} "
                 f"ORDER BY seq {order} LIMIT {int(limit) + 1}"
             ),
-            [*source_params, *params],
+            params,
         ).fetchall()
-        kept = pagination.fitting((int(size) for _, size in sizes[:limit]), budget)
+        lengths = [int(size) for _, size in sizes[:limit]]
+        kept = pagination.fitting(lengths, budget)
+        if kept and not first_always and lengths[0] > budget:
+            kept = 0
         seqs = sorted(int(seq) for seq, _ in sizes[:kept])
         if not seqs:
-            return [], False
+            return [], len(sizes) > kept
         # The kept rows are the matching rows between the first and the last of them:
         # one statement whose text does not depend on the page's length (the LIMIT
         # holds it to the page should a concurrent checkout restore rows in between).
         events = self._payloads(
             self._sql(
-                f"SELECT format, payload FROM {source} WHERE {where} AND seq >= ? AND seq <= ? "
-                "ORDER BY seq LIMIT ?"
+                f"SELECT format, payload FROM session_log WHERE {where} AND seq >= ? "
+                "AND seq <= ? ORDER BY seq LIMIT ?"
             ),
-            [*source_params, *params, seqs[0], seqs[-1], len(seqs)],
+            [*params, seqs[0], seqs[-1], len(seqs)],
         )
         return events, len(sizes) > kept
 
@@ -969,6 +1003,17 @@ class LogStore:
                 return
             yield from events
             after = events[-1].sequence
+
+
+def _segment(
+    session_id: str, until: int | None, conditions: list[str], params: list[Any]
+) -> tuple[str, list[Any]]:
+    """The SQL condition and parameters selecting one segment of a shared history: a
+    session's rows matching `conditions`, up to its fork point `until` (None: all)."""
+    where = " AND ".join(["session_id = ?", *conditions])
+    if until is None:
+        return where, [session_id, *params]
+    return f"{where} AND seq <= ?", [session_id, *params, until]
 
 
 def _entity_filter(entity: str) -> tuple[str, str, str]:

@@ -10,6 +10,7 @@ from typing import Any
 from session_service import recovery
 from session_service.agents import Agents
 from session_service.conversations import Conversations
+from switchboard import pagination
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import EventLoopThread, InProcessSession
 from tests.session.conftest import StartSession, append, create_agent, resolve, user_message, web
@@ -33,6 +34,7 @@ def _history(service: InProcessSession, session_id: str, **request: Any) -> list
         page = service.stub.GetHistory(
             pb.GetHistoryRequest(agent="main", session_id=session_id, page_token=token, **request)
         )
+        assert page.ByteSize() <= pagination.MAX_ANSWER_BYTES, "a page past the byte budget"
         batch = [m.message.content for m in page.messages]
         contents.extend(reversed(batch) if request.get("newest") else batch)
         token = page.next_page_token
@@ -56,8 +58,8 @@ def test_a_fork_writes_one_small_event_whatever_the_history_length(
     create_agent(service.stub)
     session_id = resolve(service.stub, **web()).session.session_id
     big = "x" * 100_000
-    for batch in range(20):  # 2 MB of history
-        _say(service, session_id, *(f"{batch}-{i} {big}" for i in range(1)))
+    for batch in range(40):  # 4 MB of history: more than one answer's 3 MiB
+        _say(service, session_id, f"{batch} {big}")
     rows, size = _log_size(service)
 
     fork = _fork(service, session_id)
@@ -65,9 +67,18 @@ def test_a_fork_writes_one_small_event_whatever_the_history_length(
     fork_rows, fork_size = _log_size(service)
     assert fork_rows - rows == 1, "a fork is its SessionOpened event, nothing copied"
     assert fork_size - size < 2_000
-    assert fork.message_count == 20
+    assert fork.message_count == 40
     assert fork.lineage.shares_parent_history
-    assert _history(service, fork.session_id, limit=3) == _history(service, session_id)
+    parent = _history(service, session_id)
+    assert len(parent) == 40
+    assert _history(service, fork.session_id, limit=3) == parent
+    # Pages cut by bytes where the fork's own messages meet the parent's, both ways:
+    # 31 own messages nearly fill one answer, so the parent's first would not fit.
+    for n in range(31):
+        _say(service, fork.session_id, f"own {n} {big}")
+    whole = [*parent, *(f"own {n} {big}" for n in range(31))]
+    assert _history(service, fork.session_id) == whole
+    assert _history(service, fork.session_id, newest=True) == whole
 
 
 def test_forks_of_forks_read_each_ancestor_up_to_its_fork_point(
@@ -98,26 +109,43 @@ def test_forks_of_forks_read_each_ancestor_up_to_its_fork_point(
     assert _history(service, early) == ["a", "b", "c", "d"]
 
 
-def test_reading_a_deep_fork_costs_what_reading_a_session_costs(
+def test_a_page_of_a_fork_costs_what_it_holds_not_what_it_inherits(
     service: InProcessSession,
 ) -> None:
     create_agent(service.stub)
-    session_id = resolve(service.stub, **web()).session.session_id
-    _say(service, session_id, "first")
-    depth = [session_id]
-    for level in range(6):
-        depth.append(_fork(service, depth[-1]).session_id)
-        _say(service, depth[-1], f"level {level}")
+    parent = resolve(service.stub, **web()).session.session_id
+    _say(service, parent, *(f"parent {n}" for n in range(100)))
+    _say(service, parent, *(f"parent {n}" for n in range(100, 200)))
+    fork = _fork(service, parent).session_id
+    _say(service, fork, *(f"fork {n}" for n in range(20)))
     store: Any = service.unit.store
 
-    def statements(target: str) -> int:
+    def statements(session_id: str, **request: Any) -> int:
+        read = pb.GetHistoryRequest(agent="main", session_id=session_id, **request)
         with store.backend.statements.counting() as counted:
-            service.stub.GetHistory(pb.GetHistoryRequest(agent="main", session_id=target))
+            service.stub.GetHistory(read)
         return len(counted)
 
-    statements(depth[1])  # warm
-    assert statements(depth[1]) == statements(depth[-1])
-    assert _history(service, depth[-1]) == ["first", *(f"level {n}" for n in range(6))]
+    statements(parent, limit=10, newest=True)  # warm
+    one_segment = statements(parent, limit=10, newest=True)
+    # The lineage lookup, then the page's segments: the fork's own rows only...
+    assert statements(fork, limit=10, newest=True) == one_segment + 1
+    # ...or the parent's oldest rows only...
+    assert statements(fork, limit=10) == one_segment + 1
+    # ...or both, where the page crosses the fork point (a segment: sizes, then rows).
+    assert statements(fork, limit=30, newest=True) == one_segment + 1 + 2
+    page = service.stub.GetHistory(
+        pb.GetHistoryRequest(agent="main", session_id=fork, limit=30, newest=True)
+    )
+    contents = [m.message.content for m in page.messages]
+    assert contents == [f"parent {n}" for n in range(190, 200)] + [f"fork {n}" for n in range(20)]
+    assert page.next_page_token
+    # A page that fills up exactly where the fork's own rows end still has a next one.
+    own = service.stub.GetHistory(
+        pb.GetHistoryRequest(agent="main", session_id=fork, limit=20, newest=True)
+    )
+    assert [m.message.content for m in own.messages] == [f"fork {n}" for n in range(20)]
+    assert own.next_page_token
 
 
 def test_rewinds_checkouts_rebuilds_and_restarts_keep_a_fork_whole(
