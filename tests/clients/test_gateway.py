@@ -302,7 +302,9 @@ def test_two_bots_with_their_own_tokens_each_recover_only_their_own_replies(
     """Issue 12: two bots on one platform, each with its gateway token. A failed
     reply is redelivered by a new process of the bot that owes it, never the other."""
     grants = parse_tokens("root=admin;tg=gateway:tgbot:main;mb=gateway:mainbot:main")
-    limits = LedgerLimits(lease_ttl_s=1.0, backoff_s=(0.2,))
+    # Nothing here waits for a lease to run out (failed rows are due after the backoff):
+    # a long lease keeps a loaded machine's late heartbeat from ending a live instance.
+    limits = LedgerLimits(lease_ttl_s=5.0, backoff_s=(0.2,))
     chats = {"tgbot": ("tg", "chat-tg"), "mainbot": ("mb", "chat-mb")}
     with (
         session_server(loop_thread, database_url, auth=grants) as session,
