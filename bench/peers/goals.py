@@ -93,9 +93,9 @@ class Verdict:
     @property
     def line(self) -> str:
         head = f"goal: {self.goal.text}"
-        if self.ours.value is None or self.theirs.value is None:
-            missing = self.ours if self.ours.value is None else self.theirs
-            return f"{head}: {missing.missing}"
+        reasons = [side.missing for side in (self.ours, self.theirs) if side.value is None]
+        if reasons:
+            return f"{head}: {'; '.join(dict.fromkeys(reasons))}"
         assert self.ratio is not None
         verdict = "MET" if self.met else "NOT MET"
         errors = f", {self.ours.errors} error(s)" if self.ours.errors else ""

@@ -1,7 +1,9 @@
 """procrastinate's job cycle on Postgres (psycopg 3), in process, in a fresh schema.
 
 One job per reply: a deferrer defers jobs carrying the benchmark's message back
-to back (each defer a committed INSERT), while a worker in the same event loop
+to back (each defer a committed INSERT), at most `IN_FLIGHT` unfinished at once
+(as 8 closed-loop clients would; an unbounded backlog would only measure its own
+length in the latencies), while a worker in the same event loop
 fetches each job (LISTEN/NOTIFY, polling as fallback), runs a task that only
 notes the time, and marks it finished: defer + fetch + finish, each its own
 transaction, as Switchboard's delivery cycle is record + attempting + delivered.
@@ -21,6 +23,7 @@ from bench.stats import Measurement, summarise
 
 CONCURRENCY = (1, 4)
 QUEUE = "bench"
+IN_FLIGHT = 8
 
 
 async def _cycle(url: str, concurrency: int, seconds: float, warmup_s: float) -> Measurement:
@@ -29,9 +32,11 @@ async def _cycle(url: str, concurrency: int, seconds: float, warmup_s: float) ->
     app = App(connector=PsycopgConnector(conninfo=url))
     deferred_at: dict[int, float] = {}
     finished_at: dict[int, float] = {}
+    in_flight = asyncio.Semaphore(IN_FLIGHT)
 
     async def reply_run(number: int, content: str) -> None:
         finished_at[number] = time.perf_counter()
+        in_flight.release()
 
     reply = app.task(name="bench_reply", queue=QUEUE)(reply_run)
 
@@ -49,7 +54,10 @@ async def _cycle(url: str, concurrency: int, seconds: float, warmup_s: float) ->
         measure_from = time.perf_counter() + warmup_s
         stop_at = measure_from + seconds
         i = 0
-        while (began := time.perf_counter()) < stop_at:
+        while True:
+            await in_flight.acquire()
+            if (began := time.perf_counter()) >= stop_at:
+                break
             deferred_at[i] = began
             await reply.defer_async(number=i, content=user_message(i))
             i += 1
@@ -61,8 +69,8 @@ async def _cycle(url: str, concurrency: int, seconds: float, warmup_s: float) ->
         finished_at[n] - deferred_at[n] for n in in_window if deferred_at[n] >= measure_from
     ]
     measurement = summarise(
-        f"procrastinate job cycle, concurrency {concurrency}",
-        concurrency,
+        f"procrastinate job cycle, worker concurrency {concurrency}",
+        IN_FLIGHT,
         seconds,
         latencies,
         len(in_window),
