@@ -11,6 +11,11 @@ number of channels. Raw driver floors of the same three transactions are
 measured in the same run for the ratios. Then, on a fresh server of each
 configuration, `bench.orphans` seeds a dead instance's backlog and
 `bench.claim_load` claims it all, next to raw in-process claim floors.
+
+With the `bench` extra installed, the in-process peers (`bench.peers`: ADK,
+LangGraph, OpenAI Agents, procrastinate) are measured in the same run, and every
+run ends with issue 15's goal lines (`bench.peers.goals`): ratio and MET / NOT MET,
+or why a figure is missing.
 """
 
 from __future__ import annotations
@@ -392,7 +397,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m bench",
         description="Delivery ledger cycles and orphan claims, SessionService appends and "
         "next-turn loads over gRPC against in-process database floors; open-loop latency "
-        "against no-op calls; restart and rewind against log size; plots.",
+        "against no-op calls; restart and rewind against log size; in-process peers and the "
+        "goal lines; plots.",
     )
     parser.add_argument(
         "--quick", action="store_true", help="short runs (~3 s per measurement) for CI checks"

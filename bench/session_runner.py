@@ -37,7 +37,8 @@ TARGET_APPENDS_LINE = "target: >= 2,500 appends/s with 8 clients on SQLite FULL"
 TARGET_TURN_EVENTS = 1000
 TARGET_TURN_MS = 3.0
 TARGET_TURN_LINE = (
-    "target: load-for-next-turn <= 3 ms at 1,000 events (Google ADK get_session: 32 ms here)"
+    "target: load-for-next-turn <= 3 ms at 1,000 events "
+    "(Google ADK get_session beside it: see the goal lines)"
 )
 LOADGEN = "bench.session_load"
 
