@@ -100,7 +100,8 @@ def _clients_axes(ax: Axes, clients: set[int], ylabel: str, title: str) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small", loc="best")
+    # Outside the axes, on the right: with the peers' lines it is too long to sit on the data.
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _throughput_plot(
@@ -116,7 +117,7 @@ def _throughput_plot(
 ) -> Path | None:
     if not configurations:
         return None
-    figure = Figure(figsize=(9, 5.5), layout="constrained")
+    figure = Figure(figsize=(13, 5.5), layout="constrained")
     ax = figure.subplots()
     clients_seen: set[int] = set()
     for configuration in configurations:
