@@ -1,4 +1,5 @@
-"""`python -m bench`: the delivery-cycle benchmark."""
+"""`python -m bench`: Switchboard's benchmarks, the in-process peers and the goal lines
+(see bench/README.md and `bench.runner`)."""
 
 from bench.runner import main
 

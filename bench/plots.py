@@ -8,9 +8,11 @@ with (floors, the no-op gRPC ceiling, the empty log, one-event sessions) in the
 same axes, dashed:
 
 - delivery-cycles-vs-clients.png: delivery cycles/s against closed-loop clients,
-  per backend, with each backend's raw driver floor and the no-op ceiling;
+  per backend, with each backend's raw driver floor and the no-op ceiling, and
+  procrastinate's job cycle (in-process peer, bench/peers) as a dash-dot line;
 - session-appends-vs-clients.png: AppendEvents/s against clients, per backend,
-  with each backend's peewee insert floor and the no-op ceiling;
+  with each backend's peewee insert floor and the no-op ceiling, and the
+  in-process peers (OpenAI Agents, ADK, LangGraph) as dash-dot lines;
 - timetravel.png: restart and global-rewind time against events (at a fixed
   number of sessions) and against sessions (at a fixed number of events);
 - open-loop-latency.png: p50 / p99 latency against offered rate, open loop, for
@@ -47,6 +49,16 @@ COLOURS = {"sqlite-full": "tab:blue", "sqlite-normal": "tab:orange", "postgres":
 #: The floor each delivery configuration is compared with, by configuration key.
 DELIVERY_FLOORS = {"sqlite-full": "FULL", "sqlite-normal": "NORMAL", "postgres": "postgres"}
 CEILING = "tab:gray"
+#: The in-process peers drawn on each clients plot (bench/peers keys), and their colours.
+SESSION_PEERS = (
+    "openai-agents-add-items-1",
+    "openai-agents-add-items-8",
+    "adk-database-append",
+    "adk-sqlite-append",
+    "langgraph-put",
+)
+DELIVERY_PEERS = ("procrastinate-job-cycle",)
+PEER_COLOURS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:red")
 
 
 def _backend(key: str) -> str:
@@ -88,7 +100,8 @@ def _clients_axes(ax: Axes, clients: set[int], ylabel: str, title: str) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small", loc="best")
+    # Outside the axes, on the right: with the peers' lines it is too long to sit on the data.
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _throughput_plot(
@@ -100,10 +113,11 @@ def _throughput_plot(
     ylabel: str,
     title: str,
     path: Path,
+    peers: list[dict[str, Any]] | None = None,
 ) -> Path | None:
     if not configurations:
         return None
-    figure = Figure(figsize=(9, 5.5), layout="constrained")
+    figure = Figure(figsize=(13, 5.5), layout="constrained")
     ax = figure.subplots()
     clients_seen: set[int] = set()
     for configuration in configurations:
@@ -134,9 +148,27 @@ def _throughput_plot(
                 linestyle=":",
                 label=ceiling_label,
             )
+    _peer_lines(ax, peers or [])
     _clients_axes(ax, clients_seen, ylabel, title)
     figure.savefig(path, dpi=110)
     return path
+
+
+def _peer_lines(ax: Axes, peers: list[dict[str, Any]]) -> None:
+    """Each measured peer as a horizontal dash-dot line: its rate at its own clients."""
+    for colour, peer in zip(PEER_COLOURS, peers, strict=False):
+        ax.axhline(
+            peer["value"],
+            color=colour,
+            linestyle="-.",
+            linewidth=1.2,
+            label=f"{peer['label']} (in-process): {peer['value']:,.0f}/s",
+        )
+
+
+def _measured_peers(report: dict[str, Any], keys: tuple[str, ...]) -> list[dict[str, Any]]:
+    by_key = {p["key"]: p for p in report.get("peers") or [] if p.get("value")}
+    return [by_key[key] for key in keys if key in by_key]
 
 
 def delivery_plot(report: dict[str, Any], directory: Path) -> Path | None:
@@ -149,6 +181,7 @@ def delivery_plot(report: dict[str, Any], directory: Path) -> Path | None:
         "delivery cycles/s (record + attempting + delivered; log scale)",
         "DeliveryService send path: cycles/s against clients",
         directory / "delivery-cycles-vs-clients.png",
+        _measured_peers(report, DELIVERY_PEERS),
     )
 
 
@@ -164,6 +197,7 @@ def session_plot(report: dict[str, Any], directory: Path) -> Path | None:
         "AppendEvents/s (1 event of 100 bytes each; log scale)",
         "SessionService: appends/s against clients",
         directory / "session-appends-vs-clients.png",
+        _measured_peers(report, SESSION_PEERS),
     )
 
 

@@ -11,6 +11,11 @@ number of channels. Raw driver floors of the same three transactions are
 measured in the same run for the ratios. Then, on a fresh server of each
 configuration, `bench.orphans` seeds a dead instance's backlog and
 `bench.claim_load` claims it all, next to raw in-process claim floors.
+
+With the `bench` extra installed, the in-process peers (`bench.peers`: ADK,
+LangGraph, OpenAI Agents, procrastinate) are measured in the same run, and every
+run ends with issue 15's goal lines (`bench.peers.goals`): ratio and MET / NOT MET,
+or why a figure is missing.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from bench import (
     harness,
     latency,
     orphans,
+    peers,
     plots,
     profile_report,
     servers,
@@ -43,6 +49,7 @@ from bench import (
     timetravel,
 )
 from bench.harness import RESULTS_DIR, log
+from bench.peers import goals
 from bench.stats import Measurement
 from switchboard.database import SqliteSync
 
@@ -305,6 +312,44 @@ def render_table(rows: list[tuple[Measurement, str, str]]) -> str:
     return "\n".join(lines)
 
 
+def delivery_goal_sides(
+    results: list[dict[str, Any]],
+    floors: dict[str, Measurement | None],
+    missing: dict[str, str],
+) -> dict[str, goals.Side]:
+    """The delivery figures of issue 15's goal lines: the send path at 8 clients and the raw
+    floor, on SQLite FULL and on Postgres. `missing` (by configuration key) says why a
+    configuration did not run."""
+    sides: dict[str, goals.Side] = {}
+    for config, suffix, floor_key, floor_name in (
+        ("sqlite-full", "sqlite", "FULL", "raw sqlite3 FULL floor"),
+        ("postgres", "postgres", "postgres", "raw psycopg2 floor"),
+    ):
+        name = f"delivery cycles, 8 clients ({config})"
+        result = next((r for r in results if r["config"] == config), None)
+        floor = floors.get(floor_key)
+        if result is None:
+            sides[f"delivery-8-{suffix}"] = goals.Side(name, missing=missing[config])
+        else:
+            eight: Measurement = result["kept"][1]
+            sides[f"delivery-8-{suffix}"] = goals.Side(
+                name, eight.cycles_per_s, errors=eight.errors
+            )
+        sides[f"delivery-floor-{suffix}"] = (
+            goals.Side(floor_name, floor.cycles_per_s)
+            if floor is not None
+            else goals.Side(floor_name, missing=missing[config])
+        )
+    return sides
+
+
+def _why_missing(key: str, keys: list[str], postgres_reason: str | None) -> str:
+    """Why configuration `key` has no figures in this run."""
+    if key in POSTGRES_KEYS and postgres_reason is not None:
+        return f"skipped (postgres: {postgres_reason})"
+    return f"not measured ({key} not selected)" if key not in keys else "not measured"
+
+
 def machine_info() -> dict[str, Any]:
     import grpc
 
@@ -332,6 +377,7 @@ ALL_KEYS = (
     *(c.key for c in session_runner.SESSION_CONFIGS),
     "timetravel",
     "db-latency",
+    "peers",
 )
 POSTGRES_KEYS = ("postgres", "session-postgres", "db-latency")
 #: Parts of the run `--skip` can leave out.
@@ -351,7 +397,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="python -m bench",
         description="Delivery ledger cycles and orphan claims, SessionService appends and "
         "next-turn loads over gRPC against in-process database floors; open-loop latency "
-        "against no-op calls; restart and rewind against log size; plots.",
+        "against no-op calls; restart and rewind against log size; in-process peers and the "
+        "goal lines; plots.",
     )
     parser.add_argument(
         "--quick", action="store_true", help="short runs (~3 s per measurement) for CI checks"
@@ -389,6 +436,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def goal_verdicts(
+    keys: list[str],
+    postgres_reason: str | None,
+    results: list[dict[str, Any]],
+    floors: dict[str, Measurement | None],
+    session_results: list[dict[str, Any]],
+    peer_results: list[peers.PeerResult],
+) -> list[goals.Verdict]:
+    """Issue 15's goal lines from this run's figures (missing ones say why)."""
+    missing = {key: _why_missing(key, keys, postgres_reason) for key in ("sqlite-full", "postgres")}
+    sides = {
+        **delivery_goal_sides(results, floors, missing),
+        **session_runner.goal_sides(
+            session_results, _why_missing("session-sqlite-full", keys, postgres_reason)
+        ),
+    }
+    if "peers" in keys:
+        sides.update(goals.peer_sides(peer_results))
+    else:
+        for side in goals.PEER_SIDES:
+            sides[side] = goals.Side(side, missing="not measured (peers not selected)")
+    return goals.judge_all(sides)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     seconds, warmup_s = (3.0, 1.0) if args.quick else (10.0, 2.0)
@@ -405,8 +476,10 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     postgres_ok = True
-    if any(key in keys for key in POSTGRES_KEYS):
+    postgres_reason: str | None = None
+    if any(key in keys for key in (*POSTGRES_KEYS, "peers")):
         reason = servers.postgres_unreachable_reason()
+        postgres_reason = reason
         if reason is not None:
             postgres_ok = False
             keys = [k for k in keys if k not in POSTGRES_KEYS]
@@ -473,6 +546,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         for i, c in enumerate(session_configs)
     ]
+    # -- the in-process peers (bench/peers), same payload ------------------------------
+    peer_results: list[peers.PeerResult] = []
+    if "peers" in keys:
+        peer_results = peers.measure_all(
+            seconds, warmup_s, plan.repetitions // 10, postgres_reason, log
+        )
     # -- restart and rewind --------------------------------------------------------------
     travel: dict[str, Any] | None = None
     if "timetravel" in keys:
@@ -557,6 +636,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     if against_pairs:
         sections.append("== " + against.render(args.against, against_pairs))
+    if peer_results:
+        sections.append(
+            "== In-process peers (same run, one ~100-byte user message per durable write) ==\n"
+            + peers.render_table(peer_results)
+        )
+    verdicts = goal_verdicts(keys, postgres_reason, results, floors, session_results, peer_results)
+    sections.append(
+        "== Goals (issue 15): Switchboard over gRPC against peers and floors of this run ==\n"
+        + "\n".join(v.line for v in verdicts)
+    )
     print("\n\n".join(sections))
     for note in notes:
         print(f"note: {note}")
@@ -596,6 +685,8 @@ def main(argv: list[str] | None = None) -> int:
         "timetravel": travel,
         "db_latency": db_latency.report(latency_points),
         "against": against.to_json(args.against, against_pairs) if against_pairs else None,
+        "peers": [result.to_json() for result in peer_results],
+        "goals": [verdict.to_json() for verdict in verdicts],
         "notes": notes,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
