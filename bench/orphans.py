@@ -63,7 +63,12 @@ def orphan(i: int) -> NewObligation:
 
 @dataclass
 class _Inserted:
+    """What the store reads back from its INSERT … RETURNING gateway_name."""
+
     rowcount: int = 1
+
+    def fetchone(self) -> tuple[str]:
+        return ("",)  # the gateway the row is bound to: the seed does not look at it
 
 
 @dataclass
