@@ -61,6 +61,10 @@ def orphan(i: int) -> NewObligation:
     )
 
 
+#: The gateway of the instance that owed the orphans.
+CRASHED_GATEWAY = "bench-crashed-gateway"
+
+
 @dataclass
 class _Inserted:
     """What the store reads back from its INSERT … RETURNING gateway_name."""
@@ -89,7 +93,9 @@ class _CollectingDatabase:
         return _Inserted()
 
 
-def _flush(database: Any, collected: _CollectingDatabase, postgres: bool) -> None:
+def _flush(
+    database: Any, collected: _CollectingDatabase, postgres: bool, gateway_name: str
+) -> None:
     if not collected.rows:
         return
     cursor = database.cursor()
@@ -98,11 +104,15 @@ def _flush(database: Any, collected: _CollectingDatabase, postgres: bool) -> Non
 
         # One multi-row INSERT per page: the store's columns and values, with its
         # liveness guard checked once for the chunk (the instance is live until
-        # it deregisters after the last chunk).
+        # it deregisters after the last chunk). The store reads gateway_name from
+        # the instance in its statement; here it is the seeding instance's.
+        at = COLUMNS.index("gateway_name")
+        values = [row[: len(COLUMNS) - 1] for row in collected.rows]
+        rows = [(*row[:at], gateway_name, *row[at:]) for row in values]
         execute_values(
             cursor,
             f"INSERT INTO ledger_obligation ({', '.join(COLUMNS)}) VALUES %s",
-            [row[: len(COLUMNS)] for row in collected.rows],
+            rows,
             page_size=1000,
         )
     else:
@@ -128,7 +138,7 @@ def seed_orphans(url: str, sync: SqliteSync, count: int, analyze: bool = False) 
                 store.register_instance(
                     backend.now(),
                     instance_id,
-                    "bench-crashed-gateway",
+                    CRASHED_GATEWAY,
                     "bench",
                     os.getpid(),
                     ["slack"],
@@ -143,7 +153,7 @@ def seed_orphans(url: str, sync: SqliteSync, count: int, analyze: bool = False) 
                         now = backend.now()
                         for i in range(first, min(first + CHUNK, count)):
                             store.insert_if_live(now, orphan(i), instance_id)
-                        _flush(real, collected, postgres)
+                        _flush(real, collected, postgres, CRASHED_GATEWAY)
             finally:
                 store._database = real
             owned = store.Obligation.select().where(
