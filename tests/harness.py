@@ -25,7 +25,6 @@ from urllib.parse import quote
 
 import grpc
 import psycopg2
-from switchboard_client import DeliveryClient, SessionClient
 
 from delivery_service.app import DeliveryUnit
 from delivery_service.state_machine import LedgerLimits
@@ -327,30 +326,3 @@ class ServerProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=30)
-
-
-@dataclass
-class GatewayServices:
-    """Both services on one database, a client of each, and the agent "main": what
-    the gateway tests run gateways against."""
-
-    sessions: SessionClient
-    ledger: DeliveryClient
-    session_address: str
-    delivery_address: str
-
-
-@contextmanager
-def gateway_services(
-    loop: EventLoopThread, url: str, lease_ttl_s: float = 1.0
-) -> Iterator[GatewayServices]:
-    """A killed gateway is dead after `lease_ttl_s`; a failed send is due 0.2 s later."""
-    limits = LedgerLimits(lease_ttl_s=lease_ttl_s, backoff_s=(0.2,))
-    with (
-        session_server(loop, url) as session,
-        delivery_server(loop, url, limits) as delivery,
-        SessionClient(session.address) as sessions,
-        DeliveryClient(delivery.address) as ledger,
-    ):
-        sessions.create_agent("main")
-        yield GatewayServices(sessions, ledger, session.address, delivery.address)

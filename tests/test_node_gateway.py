@@ -20,21 +20,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from switchboard_client import DeliveryClient, SessionClient
 from switchboard_client.gateway import RECOVERED_MARKER, Gateway, Turn
 from switchboard_client.loopback import LoopbackPlatform
 
+from delivery_service.state_machine import LedgerLimits
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.docs.blocks import read_blocks
-from tests.harness import (
-    EventLoopThread,
-    GatewayServices,
-    gateway_services,
-)
+from tests.harness import EventLoopThread, delivery_server, session_server
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE_CLIENT = ROOT / "clients" / "node"
@@ -82,13 +81,26 @@ def node_modules() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-Services = GatewayServices
+@dataclass
+class Services:
+    sessions: SessionClient
+    ledger: DeliveryClient
+    session_address: str
+    delivery_address: str
 
 
 @pytest.fixture
 def services(database_url: str, loop_thread: EventLoopThread) -> Iterator[Services]:
-    with gateway_services(loop_thread, database_url) as services:
-        yield services
+    # A killed gateway is dead within a second; a failed send is retried 0.2 s later.
+    limits = LedgerLimits(lease_ttl_s=1.0, backoff_s=(0.2,))
+    with (
+        session_server(loop_thread, database_url) as session,
+        delivery_server(loop_thread, database_url, limits) as delivery,
+        SessionClient(session.address) as sessions,
+        DeliveryClient(delivery.address) as ledger,
+    ):
+        sessions.create_agent("main")
+        yield Services(sessions, ledger, session.address, delivery.address)
 
 
 class NodeGateway:

@@ -33,14 +33,12 @@ from switchboard_client import DeliveryClient, SessionClient
 from switchboard_client.gateway import RECOVERED_MARKER, Turn
 from switchboard_client.loopback import LoopbackPlatform
 
+from delivery_service.state_machine import LedgerLimits
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from tests.chaos.common import DEADLINE, ROOT, ROUNDS, Processes, seeded, wait_for
 from tests.chaos.gateway_process import CLAIM_EVERY_S, HEARTBEAT_S, NAME, answer
 from tests.clients.gateway_drivers import KINDS, make_gateway
-from tests.harness import (
-    EventLoopThread,
-    gateway_services,
-)
+from tests.harness import EventLoopThread, delivery_server, session_server
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, DEADLINE]
 
@@ -97,14 +95,15 @@ class Services:
 def services(
     database_url: str, loop_thread: EventLoopThread, request: pytest.FixtureRequest
 ) -> Iterator[Services]:
-    with gateway_services(loop_thread, database_url, LEASE_TTL_S) as services:
-        yield Services(
-            services.sessions,
-            services.ledger,
-            services.session_address,
-            services.delivery_address,
-            request.param,
-        )
+    limits = LedgerLimits(lease_ttl_s=LEASE_TTL_S, backoff_s=(0.2,))
+    with (
+        session_server(loop_thread, database_url) as session,
+        delivery_server(loop_thread, database_url, limits) as delivery,
+        SessionClient(session.address) as sessions,
+        DeliveryClient(delivery.address) as ledger,
+    ):
+        sessions.create_agent("main")
+        yield Services(sessions, ledger, session.address, delivery.address, request.param)
 
 
 def echo(turn: Turn) -> str:

@@ -25,12 +25,7 @@ from switchboard.auth import parse_tokens
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.clients.gateway_drivers import KINDS, AnyGateway, make_gateway
-from tests.harness import (
-    EventLoopThread,
-    delivery_server,
-    gateway_services,
-    session_server,
-)
+from tests.harness import EventLoopThread, delivery_server, session_server
 
 ROOT = Path(__file__).resolve().parents[2]
 DM = pb.Source(transport="loopback", chat_type=pb.CHAT_TYPE_DM, chat_id="chat-1", user_id="u1")
@@ -58,14 +53,16 @@ def kind() -> str:
 
 @pytest.fixture
 def services(database_url: str, loop_thread: EventLoopThread, kind: str) -> Iterator[Services]:
-    with gateway_services(loop_thread, database_url) as services:
-        yield Services(
-            services.sessions,
-            services.ledger,
-            services.session_address,
-            services.delivery_address,
-            kind,
-        )
+    # A killed gateway is dead within a second; a failed send is retried 0.2 s later.
+    limits = LedgerLimits(lease_ttl_s=1.0, backoff_s=(0.2,))
+    with (
+        session_server(loop_thread, database_url) as session,
+        delivery_server(loop_thread, database_url, limits) as delivery,
+        SessionClient(session.address) as sessions,
+        DeliveryClient(delivery.address) as ledger,
+    ):
+        sessions.create_agent("main")
+        yield Services(sessions, ledger, session.address, delivery.address, kind)
 
 
 def echo(turn: Turn) -> str:

@@ -20,15 +20,11 @@ from switchboard_client.async_gateway import AsyncGateway
 from switchboard_client.gateway import RECOVERED_MARKER, Inbound, Turn
 from switchboard_client.loopback import AsyncLoopbackPlatform, LoopbackPlatform
 
+from delivery_service.state_machine import LedgerLimits
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.clients.gateway_drivers import KINDS, AnyGateway, make_gateway
-from tests.harness import (
-    EventLoopThread,
-    delivery_server,
-    gateway_services,
-    session_server,
-)
+from tests.harness import EventLoopThread, delivery_server, session_server
 
 NAME = "contract-bot"
 DM = pb.Source(transport="minimal", chat_type=pb.CHAT_TYPE_DM, chat_id="chat-1", user_id="u1")
@@ -46,13 +42,16 @@ class Services:
 def services(
     database_url: str, loop_thread: EventLoopThread, request: pytest.FixtureRequest
 ) -> Iterator[Services]:
-    with gateway_services(loop_thread, database_url) as services:
-        yield Services(
-            services.sessions,
-            services.ledger,
-            (services.session_address, services.delivery_address),
-            request.param,
-        )
+    # A failed send is due again 0.2 s later.
+    limits = LedgerLimits(lease_ttl_s=1.0, backoff_s=(0.2,))
+    with (
+        session_server(loop_thread, database_url) as session,
+        delivery_server(loop_thread, database_url, limits) as delivery,
+        SessionClient(session.address) as sessions,
+        DeliveryClient(delivery.address) as ledger,
+    ):
+        sessions.create_agent("main")
+        yield Services(sessions, ledger, (session.address, delivery.address), request.param)
 
 
 @dataclass

@@ -7,32 +7,42 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from switchboard_client import DeliveryClient, SessionClient
 from switchboard_client.aio import AsyncDeliveryClient, AsyncSessionClient
 from switchboard_client.async_gateway import AsyncGateway, Turn
 
-from tests.harness import (
-    EventLoopThread,
-    GatewayServices,
-    gateway_services,
-)
+from delivery_service.state_machine import LedgerLimits
+from tests.harness import EventLoopThread, delivery_server, session_server
 from tests.platforms.standins import SlackStandIn, TelegramStandIn
 
 #: The bot whose instances the tests start (and restart): only they claim its rows.
 BOT = "platform-bot"
 
 
-Services = GatewayServices
+@dataclass
+class Services:
+    sessions: SessionClient
+    ledger: DeliveryClient
+    session_address: str
+    delivery_address: str
 
 
 @pytest.fixture
 def services(database_url: str, loop_thread: EventLoopThread) -> Iterator[Services]:
-    # 2 s: a gateway process booting on a loaded machine (the SDKs import slowly)
-    # must not lose its lease between registering and its first heartbeat.
-    with gateway_services(loop_thread, database_url, lease_ttl_s=2.0) as services:
-        yield services
+    # A killed gateway is dead after 1 s; a failed send without retry_after waits 0.2 s.
+    limits = LedgerLimits(lease_ttl_s=1.0, backoff_s=(0.2,))
+    with (
+        session_server(loop_thread, database_url) as session,
+        delivery_server(loop_thread, database_url, limits) as delivery,
+        SessionClient(session.address) as sessions,
+        DeliveryClient(delivery.address) as ledger,
+    ):
+        sessions.create_agent("main")
+        yield Services(sessions, ledger, session.address, delivery.address)
 
 
 @pytest.fixture
