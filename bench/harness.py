@@ -8,10 +8,11 @@ as JSON, and the server's per-thread CPU is sampled from /proc around it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ def run_loadgen(
     timeout_s: float,
     during: During | None = None,
     server_cpu: bool = True,
+    env: Mapping[str, str] | None = None,
 ) -> Measurement:
     """One load-generator process (`python -m module --address … arguments`) against
     `server`; with `server_cpu`, the server's CPU is sampled around it and related to
@@ -46,6 +48,7 @@ def run_loadgen(
 
     `during`, when given, is called right after the load generator starts and
     returns a function called once it has finished (used to attach a profiler).
+    `env`: variables set for the generator on top of this process's environment.
     """
     before = servers.thread_cpu(server.pid, server.thread_names)
     command = [sys.executable, "-m", module, "--address", server.address, *arguments]
@@ -56,6 +59,7 @@ def run_loadgen(
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
+        env=None if env is None else {**os.environ, **env},
     )
     finish: Callable[[], None] | None = None
     try:

@@ -38,6 +38,7 @@ from bench import (
     against,
     baseline,
     db_latency,
+    feature_costs,
     harness,
     latency,
     orphans,
@@ -377,6 +378,7 @@ ALL_KEYS = (
     *(c.key for c in session_runner.SESSION_CONFIGS),
     "timetravel",
     "db-latency",
+    "feature-costs",
     "peers",
 )
 POSTGRES_KEYS = ("postgres", "session-postgres", "db-latency")
@@ -561,6 +563,11 @@ def main(argv: list[str] | None = None) -> int:
     if "db-latency" in keys:
         latency_points = db_latency.measure(seconds, warmup_s)
 
+    # -- what the access log and request ids cost, each as its own ratio ---------------
+    costs: list[feature_costs.Cost] = []
+    if "feature-costs" in keys:
+        costs = feature_costs.measure(seconds, warmup_s)
+
     # -- this tree against an earlier release ---------------------------------------------
     against_pairs: list[against.Pair] = []
     if args.against:
@@ -634,6 +641,11 @@ def main(argv: list[str] | None = None) -> int:
             "== Postgres: appends and delivery cycles against added database round trip ==\n"
             + db_latency.render(latency_points)
         )
+    if costs:
+        sections.append(
+            "== What the access log and request ids cost (each against neither) ==\n"
+            + feature_costs.render(costs)
+        )
     if against_pairs:
         sections.append("== " + against.render(args.against, against_pairs))
     if peer_results:
@@ -684,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         "open_loop": latency.report(open_runs, open_rows, open_loop) if open_loop else None,
         "timetravel": travel,
         "db_latency": db_latency.report(latency_points),
+        "feature_costs": feature_costs.report(costs),
         "against": against.to_json(args.against, against_pairs) if against_pairs else None,
         "peers": [result.to_json() for result in peer_results],
         "goals": [verdict.to_json() for verdict in verdicts],

@@ -89,9 +89,11 @@ class ServerProcess:
         cprofile_to: Path | None = None,
         service: str = "delivery",
         code_root: Path = REPO_ROOT,
+        extra_args: Sequence[str] = (),
     ) -> None:
         """`code_root` is the tree whose server code runs (an earlier release's, say):
-        `python -m` puts the working directory first on the path."""
+        `python -m` puts the working directory first on the path. `extra_args` go on
+        `serve`'s command line (e.g. `--access-log off`)."""
         if service not in _LISTENING:
             raise ValueError(f"unknown service {service!r}: use one of {', '.join(_LISTENING)}")
         self.service = service
@@ -100,6 +102,7 @@ class ServerProcess:
         self.sqlite_synchronous = sqlite_synchronous
         self.cprofile_to = cprofile_to
         self.code_root = code_root
+        self.extra_args = tuple(extra_args)
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
         self.output: list[str] = []
@@ -131,6 +134,7 @@ class ServerProcess:
             str(self.data_dir),
             "--drain-grace",
             "2",
+            *self.extra_args,
         ]
 
     def start(self, timeout_s: float = 30.0) -> str:
@@ -194,8 +198,11 @@ def running_server(
     cprofile_to: Path | None = None,
     service: str = "delivery",
     code_root: Path = REPO_ROOT,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[ServerProcess]:
-    server = ServerProcess(url, data_dir, sqlite_synchronous, cprofile_to, service, code_root)
+    server = ServerProcess(
+        url, data_dir, sqlite_synchronous, cprofile_to, service, code_root, extra_args
+    )
     try:
         server.start()
         yield server
