@@ -79,11 +79,12 @@ def measure(
             measurement.extra["config"] = key
             measurement.extra["config_label"] = label
             runs.append(measurement)
-            log(f"[{key}] open loop {_text(measurement)}")
+            log(f"[{key}] open loop {describe_run(measurement)}")
     return runs
 
 
-def _text(m: Measurement) -> str:
+def describe_run(m: Measurement) -> str:
+    """One open-loop run as a progress line."""
     x = m.extra
     what = OPERATIONS[x["service"]] if x["op"] == "work" else NOOPS[x["service"]]
     return (
@@ -105,10 +106,17 @@ _HEADER = (
 )
 
 
-def _pair_ratio(work: Measurement, noop: Measurement | None) -> str:
-    if noop is None or not noop.p50_ms > 0 or not noop.p99_ms > 0:
+def latency_ratio(run: Measurement, base: Measurement | None) -> str:
+    """p50 and p99 of `run` as ratios to those of `base` (a no-op, or another point)."""
+    if base is None or not base.p50_ms > 0 or not base.p99_ms > 0:
         return "n/a"
-    return f"p50 {work.p50_ms / noop.p50_ms:.2f} x, p99 {work.p99_ms / noop.p99_ms:.2f} x"
+    return f"p50 {run.p50_ms / base.p50_ms:.2f} x, p99 {run.p99_ms / base.p99_ms:.2f} x"
+
+
+def achieved_share(m: Measurement) -> float:
+    """Operations finished per second over those offered: below 1, the server fell behind."""
+    offered = m.extra["offered_rate"]
+    return m.extra["achieved_rate"] / offered if offered else 0.0
 
 
 def table_rows(runs: list[Measurement]) -> list[tuple[Measurement, str, str]]:
@@ -116,7 +124,7 @@ def table_rows(runs: list[Measurement]) -> list[tuple[Measurement, str, str]]:
     rows: list[tuple[Measurement, str, str]] = []
     for m in runs:
         x = m.extra
-        achieved = x["achieved_rate"] / x["offered_rate"] if x["offered_rate"] else 0.0
+        achieved = achieved_share(m)
         if x["op"] == "noop":
             rows.append((m, NOOPS[x["service"]], f"baseline; achieved {achieved:.2f} x offered"))
             continue
@@ -134,7 +142,7 @@ def table_rows(runs: list[Measurement]) -> list[tuple[Measurement, str, str]]:
             (
                 m,
                 OPERATIONS[x["service"]],
-                f"{_pair_ratio(m, noop)}; achieved {achieved:.2f} x offered",
+                f"{latency_ratio(m, noop)}; achieved {achieved:.2f} x offered",
             )
         )
     return rows

@@ -16,7 +16,12 @@ same axes, dashed:
 - timetravel.png: restart and global-rewind time against events (at a fixed
   number of sessions) and against sessions (at a fixed number of events);
 - open-loop-latency.png: p50 / p99 latency against offered rate, open loop, for
-  delivery cycles and for appends, next to no-op calls at the same rates.
+  delivery cycles and for appends, next to no-op calls at the same rates;
+- postgres-throughput-vs-latency.png: appends/s and delivery cycles/s (8 closed-loop
+  clients) against the round trip added between the server and Postgres;
+- postgres-open-loop-latency-vs-rtt.png: p50 / p99 latency of appends and delivery
+  cycles at one fixed open-loop rate against the same added round trip, the +0 ms
+  point being the baseline.
 """
 
 from __future__ import annotations
@@ -338,11 +343,8 @@ def db_latency_plot(report: dict[str, Any], directory: Path) -> Path | None:
         values = [float(p[key]["cycles_per_s"]) for p in points]
         ax.plot(added, values, marker="o", label=label)
         _label_points(ax, added, values)
-    ax.set_xscale("symlog", linthresh=1.0)
+    _added_rtt_axis(ax, added)
     ax.set_yscale("log")
-    ax.set_xticks(added)
-    ax.set_xticklabels([f"+{a:g}" for a in added])
-    ax.set_xlabel("round trip added between the server and Postgres (ms)")
     ax.set_ylabel("per second, 8 clients (log scale)")
     ax.set_title("Postgres: throughput against database latency")
     ax.grid(True, which="both", alpha=0.3)
@@ -350,6 +352,64 @@ def db_latency_plot(report: dict[str, Any], directory: Path) -> Path | None:
     path = directory / "postgres-throughput-vs-latency.png"
     figure.tight_layout()
     figure.savefig(path, dpi=120)
+    return path
+
+
+def _added_rtt_axis(ax: Axes, added: list[float]) -> None:
+    """x: the added round trips, linear up to 1 ms and logarithmic beyond (0 has a place)."""
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xticks(added)
+    ax.set_xticklabels([f"+{a:g}" for a in added])
+    ax.set_xlabel("round trip added between the server and Postgres (ms)")
+
+
+def db_latency_open_loop_plot(report: dict[str, Any], directory: Path) -> Path | None:
+    """p50 / p99 at a fixed open-loop rate against the round trip added to Postgres;
+    points that fell behind the offered rate (or had errors) are annotated."""
+    points = [p for p in report.get("db_latency") or [] if p.get("open_loop")]
+    if not points:
+        return None
+    added = [float(p["added_rtt_ms"]) for p in points]
+    rate = points[0]["open_loop"]["rate"]
+    figure = Figure(figsize=(8, 5), layout="constrained")
+    ax = figure.subplots()
+    for key, label, colour in (
+        ("appends", "AppendEvents (1 RPC)", "tab:blue"),
+        ("cycles", "delivery cycle (3 RPCs)", "tab:orange"),
+    ):
+        runs = [p["open_loop"][key] for p in points]
+        for stat, style, marker in (("p50_ms", "-", "o"), ("p99_ms", "--", "^")):
+            ax.plot(
+                added,
+                [r[stat] for r in runs],
+                linestyle=style,
+                marker=marker,
+                color=colour,
+                label=f"{label} {stat.removesuffix('_ms')}",
+            )
+        for x, r in zip(added, runs, strict=True):
+            extra = r["extra"]
+            if extra["achieved_rate"] < 0.95 * extra["offered_rate"] or r["errors"]:
+                ax.annotate(
+                    f"achieved {extra['achieved_rate']:,.0f}/s of {extra['offered_rate']:,.0f}"
+                    + (f", {r['errors']} errors" if r["errors"] else ""),
+                    (x, r["p99_ms"]),
+                    textcoords="offset points",
+                    xytext=(-110, 4),
+                    fontsize=7,
+                    color=colour,
+                )
+    _added_rtt_axis(ax, added)
+    ax.set_yscale("log")
+    _plain_log(ax.yaxis)
+    ax.set_ylabel("latency from scheduled start, ms (log scale)")
+    ax.set_title(
+        f"Postgres: open-loop latency at {rate:g} operations/s against database round trip"
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left")
+    path = directory / "postgres-open-loop-latency-vs-rtt.png"
+    figure.savefig(path, dpi=110)
     return path
 
 
@@ -362,6 +422,7 @@ def write_plots(report: dict[str, Any], directory: Path = RESULTS_DIR) -> list[P
         timetravel_plot(report, directory),
         open_loop_plot(report, directory),
         db_latency_plot(report, directory),
+        db_latency_open_loop_plot(report, directory),
     ]
     return [path for path in written if path is not None]
 

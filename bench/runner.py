@@ -558,10 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     travel: dict[str, Any] | None = None
     if "timetravel" in keys:
         travel = timetravel.measure(args.quick, say=lambda line: log(f"[timetravel] {line}"))
-    # -- throughput against database latency (Postgres behind a delaying proxy) ---------
+    # -- throughput and open-loop latency against database latency (Postgres behind a
+    # delaying proxy) --------------------------------------------------------------------
     latency_points: list[db_latency.Point] = []
     if "db-latency" in keys:
-        latency_points = db_latency.measure(seconds, warmup_s)
+        latency_points = db_latency.measure(seconds, warmup_s, open_loop)
 
     # -- what the access log and request ids cost, each as its own ratio ---------------
     costs: list[feature_costs.Cost] = []
@@ -583,11 +584,11 @@ def main(argv: list[str] | None = None) -> int:
     for m, label, _ in rows + session_rows + orphan_rows:
         if m.errors:
             notes.append(f"{label}, {m.clients} clients: {m.errors} error(s): {m.extra}")
-    for m, label, _ in open_rows:
+    for m, label, _ in open_rows + db_latency.open_rows(latency_points):
         if m.errors:
             notes.append(
-                f"open loop {label} at {m.extra['offered_rate']:g}/s: {m.errors} error(s), "
-                f"first: {m.extra.get('first_error', '')}"
+                f"open loop {m.name}, {label} at {m.extra['offered_rate']:g}/s: {m.errors} "
+                f"error(s), first: {m.extra.get('first_error', '')}"
             )
 
     target: dict[str, Any] = {"line": TARGET_LINE, "measured": None, "met": None}
@@ -639,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     if latency_points:
         sections.append(
             "== Postgres: appends and delivery cycles against added database round trip ==\n"
-            + db_latency.render(latency_points)
+            + db_latency.render(latency_points, open_loop)
         )
     if costs:
         sections.append(
@@ -695,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "open_loop": latency.report(open_runs, open_rows, open_loop) if open_loop else None,
         "timetravel": travel,
-        "db_latency": db_latency.report(latency_points),
+        "db_latency": db_latency.report(latency_points, open_loop),
         "feature_costs": feature_costs.report(costs),
         "against": against.to_json(args.against, against_pairs) if against_pairs else None,
         "peers": [result.to_json() for result in peer_results],
