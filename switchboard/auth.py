@@ -276,22 +276,17 @@ class AuthInterceptor(WrappingInterceptor):
         except Unauthenticated:
             return "-"
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method = handler_call_details.method
-        handler = await continuation(handler_call_details)
-        if handler is None or not self.tokens or method.startswith(EXEMPT_PREFIXES):
+    def handler_for(
+        self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        method = details.method
+        if not self.tokens or method.startswith(EXEMPT_PREFIXES):
             return handler
         try:
-            self._grant(handler_call_details.invocation_metadata)
+            self._grant(details.invocation_metadata)
         except Unauthenticated as refusal:
             return self._refusing(method, handler, refusal)
-        return self.wrapped(method, handler)
+        return super().handler_for(details, handler)
 
     def _refusing(
         self, method: str, handler: grpc.RpcMethodHandler[Any, Any], refusal: Unauthenticated

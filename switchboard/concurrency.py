@@ -13,7 +13,6 @@ call (gRPC never starts a unary handler whose request did not arrive or parse).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -23,24 +22,18 @@ from switchboard.errors import InvalidArgument, ResourceExhausted
 from switchboard.grpc_errors import rich_status
 
 
-class UnaryLimitInterceptor(grpc.aio.ServerInterceptor):
+class UnaryLimitInterceptor:
+    """A stage of the server's `InterceptorChain`."""
+
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.in_flight = 0
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        if (
-            handler is None
-            or handler.unary_unary is None
-            or handler_call_details.method.startswith(EXEMPT_PREFIXES)
-        ):
+    def handler_for(
+        self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """The handler this call gets (see `interceptor_chain`)."""
+        if handler.unary_unary is None or details.method.startswith(EXEMPT_PREFIXES):
             return handler
         if self.in_flight >= self.limit:
             return _refusing(handler)

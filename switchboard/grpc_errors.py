@@ -125,7 +125,7 @@ def _wrap_stream(
     return wrapped
 
 
-class WrappingInterceptor(grpc.aio.ServerInterceptor):
+class WrappingInterceptor:
     """Base of the server interceptors: wraps each method's behaviour once.
 
     Every call asks the inner interceptors for its handler (an inner one may answer
@@ -140,15 +140,13 @@ class WrappingInterceptor(grpc.aio.ServerInterceptor):
             str, tuple[grpc.RpcMethodHandler[Any, Any], grpc.RpcMethodHandler[Any, Any]]
         ] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[
-            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
-        ],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        handler = await continuation(handler_call_details)
-        return self.wrapped(handler_call_details.method, handler)
+    def handler_for(
+        self, details: grpc.HandlerCallDetails, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """The handler this call gets (see `interceptor_chain`): the inner one, wrapped."""
+        wrapped = self.wrapped(details.method, handler)
+        assert wrapped is not None
+        return wrapped
 
     def wrapped(
         self, method: str, handler: grpc.RpcMethodHandler[Any, Any] | None

@@ -27,6 +27,7 @@ from switchboard.auth import AuthInterceptor, Grant, quiet_grpc_decode_errors
 from switchboard.concurrency import UnaryLimitInterceptor
 from switchboard.deadlines import DeadlineInterceptor
 from switchboard.grpc_errors import DomainErrorInterceptor
+from switchboard.interceptor_chain import InterceptorChain, Stage
 from switchboard.observability import (
     AccessLevel,
     AccessLog,
@@ -163,7 +164,7 @@ class GrpcApp:
         settings = self.settings
         self.health = HealthServicer()
         auth = AuthInterceptor(settings.auth)
-        interceptors: list[grpc.aio.ServerInterceptor] = [
+        interceptors: list[Stage] = [
             DomainErrorInterceptor(),
             DeadlineInterceptor(on_unavailable=self._probe_now.set),
             auth,
@@ -177,7 +178,9 @@ class GrpcApp:
             observer = ObservabilityInterceptor(settings.metrics, access, auth.principal_of)
             interceptors.insert(0, observer)
         quiet_grpc_decode_errors()
-        self.server = grpc.aio.server(interceptors=interceptors, options=channel_options(settings))
+        self.server = grpc.aio.server(
+            interceptors=[InterceptorChain(interceptors)], options=channel_options(settings)
+        )
         self.unit.add_to_server(self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
