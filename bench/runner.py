@@ -47,6 +47,7 @@ from bench import (
     profile_report,
     servers,
     session_runner,
+    stream_ceiling,
     timetravel,
 )
 from bench.harness import RESULTS_DIR, log
@@ -379,6 +380,7 @@ ALL_KEYS = (
     "timetravel",
     "db-latency",
     "feature-costs",
+    "stream-ceiling",
     "peers",
 )
 POSTGRES_KEYS = ("postgres", "session-postgres", "db-latency")
@@ -569,6 +571,12 @@ def main(argv: list[str] | None = None) -> int:
     if "feature-costs" in keys:
         costs = feature_costs.measure(seconds, warmup_s)
 
+    # -- gRPC's own ceiling: unary calls against messages on one stream per client -----
+    ceiling_rows: list[dict[str, Any]] = []
+    if "stream-ceiling" in keys:
+        ceiling_rows = stream_ceiling.measure(seconds, warmup_s)
+        log("[stream-ceiling] done")
+
     # -- this tree against an earlier release ---------------------------------------------
     against_pairs: list[against.Pair] = []
     if args.against:
@@ -647,6 +655,11 @@ def main(argv: list[str] | None = None) -> int:
             "== What the access log and request ids cost (each against neither) ==\n"
             + feature_costs.render(costs)
         )
+    if ceiling_rows:
+        sections.append(
+            "== gRPC alone: unary calls against messages on one stream per client ==\n"
+            + stream_ceiling.render(ceiling_rows)
+        )
     if against_pairs:
         sections.append("== " + against.render(args.against, against_pairs))
     if peer_results:
@@ -698,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
         "timetravel": travel,
         "db_latency": db_latency.report(latency_points, open_loop),
         "feature_costs": feature_costs.report(costs),
+        "stream_ceiling": ceiling_rows,
         "against": against.to_json(args.against, against_pairs) if against_pairs else None,
         "peers": [result.to_json() for result in peer_results],
         "goals": [verdict.to_json() for verdict in verdicts],

@@ -37,3 +37,24 @@ def test_ratios_are_to_the_bare_run_of_the_same_service() -> None:
     report = feature_costs.report(costs)
     assert [r["ratio_to_bare"] for r in report] == [1.0, 0.8]
     assert report[1]["access_log"] is True and report[1]["request_ids"] is False
+
+
+def test_the_stream_ceiling_table_compares_each_shape_with_unary_at_the_same_clients() -> None:
+    from bench import stream_ceiling
+
+    rows = [
+        {"shape": "unary", "clients": 8, "per_s": 2000.0},
+        {"shape": "stream", "clients": 8, "per_s": 7000.0},
+    ]
+    table = stream_ceiling.render(rows)
+    assert "1.00 x" in table and "3.50 x" in table
+
+
+def test_the_stream_ceiling_measures_both_shapes_for_real() -> None:
+    from bench import stream_ceiling
+
+    rows = stream_ceiling.measure(seconds=0.5, warmup_s=0.2)
+    assert {(r["shape"], r["clients"]) for r in rows} == {
+        (shape, clients) for shape in ("unary", "stream") for clients in stream_ceiling.CLIENTS
+    }
+    assert all(r["per_s"] > 0 for r in rows)
