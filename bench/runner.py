@@ -44,6 +44,7 @@ from bench import (
     orphans,
     peers,
     plots,
+    processes,
     profile_report,
     servers,
     session_runner,
@@ -381,9 +382,10 @@ ALL_KEYS = (
     "db-latency",
     "feature-costs",
     "stream-ceiling",
+    "processes",
     "peers",
 )
-POSTGRES_KEYS = ("postgres", "session-postgres", "db-latency")
+POSTGRES_KEYS = ("postgres", "session-postgres", "db-latency")  # "processes": both
 #: Parts of the run `--skip` can leave out.
 PARTS = ("orphans", "open-loop", "plots")
 
@@ -577,6 +579,11 @@ def main(argv: list[str] | None = None) -> int:
         ceiling_rows = stream_ceiling.measure(seconds, warmup_s)
         log("[stream-ceiling] done")
 
+    # -- one server process against two on the same database ---------------------------
+    process_points: list[processes.Point] = []
+    if "processes" in keys:
+        process_points = processes.measure(seconds, warmup_s)
+
     # -- this tree against an earlier release ---------------------------------------------
     against_pairs: list[against.Pair] = []
     if args.against:
@@ -660,6 +667,11 @@ def main(argv: list[str] | None = None) -> int:
             "== gRPC alone: unary calls against messages on one stream per client ==\n"
             + stream_ceiling.render(ceiling_rows)
         )
+    if process_points:
+        sections.append(
+            "== One server process against two on the same database ==\n"
+            + processes.render(process_points)
+        )
     if against_pairs:
         sections.append("== " + against.render(args.against, against_pairs))
     if peer_results:
@@ -712,6 +724,7 @@ def main(argv: list[str] | None = None) -> int:
         "db_latency": db_latency.report(latency_points, open_loop),
         "feature_costs": feature_costs.report(costs),
         "stream_ceiling": ceiling_rows,
+        "processes": [point.to_json() for point in process_points],
         "against": against.to_json(args.against, against_pairs) if against_pairs else None,
         "peers": [result.to_json() for result in peer_results],
         "goals": [verdict.to_json() for verdict in verdicts],

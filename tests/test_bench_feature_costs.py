@@ -58,3 +58,16 @@ def test_the_stream_ceiling_measures_both_shapes_for_real() -> None:
         (shape, clients) for shape in ("unary", "stream") for clients in stream_ceiling.CLIENTS
     }
     assert all(r["per_s"] > 0 for r in rows)
+
+
+def test_two_processes_are_compared_with_one_of_the_same_service_and_backend() -> None:
+    from bench import processes
+
+    points = [
+        processes.Point("delivery", "sqlite-full", 1, 400.0, 0, 0.9),
+        processes.Point("delivery", "sqlite-full", 2, 300.0, 0, 1.2),
+        processes.Point("delivery", "postgres", 1, 200.0, 0, 0.5),
+        processes.Point("delivery", "postgres", 2, 300.0, 0, 0.8),
+    ]
+    table = processes.render(points)
+    assert "0.75 x" in table and "1.50 x" in table
