@@ -113,6 +113,27 @@ async def _resolve(stub: pb_grpc.SessionServiceAsyncStub, agent: str, tab: str) 
 # -- appends ----------------------------------------------------------------------------------
 
 
+async def append_message(
+    stub: pb_grpc.SessionServiceAsyncStub, agent: str, session_id: str, client: int, i: int
+) -> None:
+    """The `i`-th append (from 0) of `client`'s session: one AppendEvents of one
+    MessageAppended event, checked to have made the session's version i + 2."""
+    response = await stub.AppendEvents(
+        pb.AppendEventsRequest(
+            agent=agent,
+            session_id=session_id,
+            events=[message_event(client, i)],
+            request_id=request_id(),
+        ),
+        timeout=RPC_TIMEOUT_S,
+    )
+    # Version 1 is the SessionOpened event; every append adds one.
+    if response.version != i + 2 or len(response.events) != 1:
+        raise RuntimeError(
+            f"append {i + 1} of {session_id} answered version {response.version}, expected {i + 2}"
+        )
+
+
 async def _append_client(
     stub: pb_grpc.SessionServiceAsyncStub,
     agent: str,
@@ -128,23 +149,9 @@ async def _append_client(
             began = time.perf_counter()
             if began >= stop_at:
                 break
-            response = await stub.AppendEvents(
-                pb.AppendEventsRequest(
-                    agent=agent,
-                    session_id=session_id,
-                    events=[message_event(client, i)],
-                    request_id=request_id(),
-                ),
-                timeout=RPC_TIMEOUT_S,
-            )
+            await append_message(stub, agent, session_id, client, i)
             ended = time.perf_counter()
             i += 1
-            # Version 1 is the SessionOpened event; every append adds one.
-            if response.version != i + 1 or len(response.events) != 1:
-                raise RuntimeError(
-                    f"append {i} of {session_id} answered version {response.version}, "
-                    f"expected {i + 1}"
-                )
             if ended > stop_at:
                 break
             if began >= measure_from:
