@@ -91,14 +91,14 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
-async def _create_agent(stub: pb_grpc.SessionServiceAsyncStub, name: str) -> None:
+async def create_agent(stub: pb_grpc.SessionServiceAsyncStub, name: str) -> None:
     await stub.CreateAgent(
         pb.CreateAgentRequest(agent=pb.Agent(name=name, display_name="bench agent")),
         timeout=RPC_TIMEOUT_S,
     )
 
 
-async def _resolve(stub: pb_grpc.SessionServiceAsyncStub, agent: str, tab: str) -> str:
+async def resolve_session(stub: pb_grpc.SessionServiceAsyncStub, agent: str, tab: str) -> str:
     resolved = await stub.ResolveSession(
         pb.ResolveSessionRequest(
             agent=agent, source=pb.Source(transport="web", conversation_id=tab)
@@ -198,9 +198,9 @@ async def run_appends(
     agent = f"bench-{uuid.uuid4().hex[:12]}"  # unique on a database that outlives one run
     session_ids: list[str] = []
     if mode == "append":
-        await _create_agent(stubs[0], agent)
+        await create_agent(stubs[0], agent)
         for n in range(clients):
-            session_ids.append(await _resolve(stubs[n % channels], agent, f"tab-{n}"))
+            session_ids.append(await resolve_session(stubs[n % channels], agent, f"tab-{n}"))
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     wall_before = time.perf_counter()
     measure_from = wall_before + warmup_s
@@ -271,8 +271,8 @@ async def run_turns(
 ) -> dict[str, Any]:
     stub = pb_grpc.SessionServiceStub(channel)
     agent = f"bench-{uuid.uuid4().hex[:12]}"
-    await _create_agent(stub, agent)
-    session_id = await _resolve(stub, agent, "tab-turn")
+    await create_agent(stub, agent)
+    session_id = await resolve_session(stub, agent, "tab-turn")
     seed_s = await _seed(stub, agent, session_id, events)
     expected_history = min(events, HISTORY_LIMIT)
     state_request = pb.GetSessionStateRequest(agent=agent, session_id=session_id)
