@@ -89,9 +89,12 @@ class ServerProcess:
         cprofile_to: Path | None = None,
         service: str = "delivery",
         code_root: Path = REPO_ROOT,
+        command_prefix: Sequence[str] = (),
     ) -> None:
         """`code_root` is the tree whose server code runs (an earlier release's, say):
-        `python -m` puts the working directory first on the path."""
+        `python -m` puts the working directory first on the path. `command_prefix` runs
+        the server under another program that execs it in the same process
+        (`valgrind --tool=callgrind …`), so `pid` stays the server's."""
         if service not in _LISTENING:
             raise ValueError(f"unknown service {service!r}: use one of {', '.join(_LISTENING)}")
         self.service = service
@@ -100,6 +103,7 @@ class ServerProcess:
         self.sqlite_synchronous = sqlite_synchronous
         self.cprofile_to = cprofile_to
         self.code_root = code_root
+        self.command_prefix = list(command_prefix)
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
         self.output: list[str] = []
@@ -112,7 +116,7 @@ class ServerProcess:
         return self.process.pid
 
     def command(self) -> list[str]:
-        python = [sys.executable]
+        python = [*self.command_prefix, sys.executable]
         if self.cprofile_to is not None:
             python += ["-m", "cProfile", "-o", str(self.cprofile_to)]
         return [
@@ -194,10 +198,14 @@ def running_server(
     cprofile_to: Path | None = None,
     service: str = "delivery",
     code_root: Path = REPO_ROOT,
+    command_prefix: Sequence[str] = (),
+    start_timeout_s: float = 30.0,
 ) -> Iterator[ServerProcess]:
-    server = ServerProcess(url, data_dir, sqlite_synchronous, cprofile_to, service, code_root)
+    server = ServerProcess(
+        url, data_dir, sqlite_synchronous, cprofile_to, service, code_root, command_prefix
+    )
     try:
-        server.start()
+        server.start(start_timeout_s)
         yield server
     finally:
         server.stop()
