@@ -5,7 +5,7 @@ instructions a server executes for one call hardly do (issue 15). So a real
 `switchboard serve session|delivery` process (SQLite FULL in a temp directory,
 `bench.servers`) runs under `valgrind --tool=callgrind --instr-atstart=no`:
 nothing is counted while it starts. Once it answers and a warm-up of calls has
-run, for each operation and each of `WINDOWS` windows: counters zeroed,
+run, for each operation and each of `--windows` windows (2): counters zeroed,
 instrumentation on (`callgrind_control -i on PID`), N sequential calls from one
 client in this process, instrumentation off, a dump (`callgrind_control -d`),
 whose total Ir is read from the file's `totals:` line. Instructions per call =
@@ -26,7 +26,11 @@ An idle window (instrumentation on, no calls) per server gives the background
 rate (timers, pollers) in instructions per second; "idle share" is that rate
 times a window's length over the window's count: how much of a figure is time,
 not calls (under callgrind a call is ~50x slower, so this share is larger than
-it would be natively).
+it would be natively). What moves a count between windows is mostly Python's
+cyclic garbage collector: a full collection (~15 million instructions in a session
+server) lands in one window and not in the other; more ops per window (`--calls`)
+or more windows (`--windows`) spread it thinner. `--keep-dumps DIR` keeps every
+window's dump, for `callgrind_annotate` (per function, one window against another).
 
 `--against REV` counts the same for REV's server code (`bench.against.release_tree`)
 and prints this tree's count over REV's per operation.
@@ -59,14 +63,14 @@ from switchboard.delivery.v1 import delivery_service_pb2_grpc as delivery_grpc
 from switchboard.session.v1 import session_service_pb2_grpc as session_grpc
 
 OPS = ("appends", "delivery", "noop")
-#: Ops per window: under callgrind (here) a no-op takes ~0.05-0.1 s, an append ~0.13 s and a
-#: delivery cycle ~0.11 s, so a run of all three takes about two minutes.
-DEFAULT_CALLS = 100
-#: Uncounted calls per operation first: imports, caches, prepared statements, JIT-less
-#: but lazy paths inside gRPC and the server all settle before anything is counted.
+#: Ops per window: under callgrind (here) a no-op takes ~7 ms, an append ~28 ms and a
+#: delivery cycle ~55 ms, so a run of all three takes about 1.5 minutes.
+DEFAULT_CALLS = 300
+#: Uncounted calls per operation first: imports, caches, prepared statements and lazily
+#: initialised paths inside gRPC and the server all settle before anything is counted.
 WARMUP_CALLS = 20
 #: Counted windows per operation; their spread shows how repeatable a count is.
-WINDOWS = 2
+DEFAULT_WINDOWS = 2
 IDLE_WINDOW_S = 3.0
 #: A server under valgrind starts ~10x slower than natively; on a busy machine more.
 START_TIMEOUT_S = 300.0
@@ -124,6 +128,8 @@ class Callgrind:
     def __init__(self, pid: int, out_dir: Path) -> None:
         self.pid = pid
         self.out_dir = out_dir
+        #: The file of the latest `dump`.
+        self.last_dump: Path | None = None
 
     def _control(self, *flags: str) -> None:
         done = subprocess.run(
@@ -153,11 +159,22 @@ class Callgrind:
             new = sorted(set(self.out_dir.glob(f"{CALLGRIND_OUT}.*")) - before)
             if new:
                 try:
-                    return callgrind_instructions(new[-1])
+                    instructions = callgrind_instructions(new[-1])
                 except ValueError:
                     pass  # still being written
+                else:
+                    self.last_dump = new[-1]
+                    return instructions
             time.sleep(0.2)
         raise RuntimeError(f"callgrind wrote no dump into {self.out_dir} in {timeout_s:g} s")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much is counted: `windows` windows of `calls` ops per operation."""
+
+    calls: int = DEFAULT_CALLS
+    windows: int = DEFAULT_WINDOWS
 
 
 @dataclass(frozen=True)
@@ -260,10 +277,17 @@ _OPERATIONS: dict[str, tuple[str, int, Callable[[grpc.aio.Channel], Awaitable[Ca
 
 
 async def _count_server(
-    address: str, callgrind: Callgrind, service: str, ops: list[str], calls: int
+    address: str,
+    callgrind: Callgrind,
+    service: str,
+    ops: list[str],
+    plan: Plan,
+    keep_dumps: Path | None,
 ) -> ServerCounts:
-    """The no-op, then each op of `ops`, WINDOWS windows each, then an idle window.
-    The callgrind_control calls block this loop on purpose: nothing else runs in it."""
+    """The no-op, then each op of `ops`, `plan.windows` windows each, then an idle window.
+    The callgrind_control calls block this loop on purpose: nothing else runs in it.
+    `keep_dumps`: a directory the windows' dumps are copied into (`keep_dumps/SERVICE-OP-N`),
+    for `callgrind_annotate`."""
     channel = grpc.aio.insecure_channel(address)
     try:
         await asyncio.wait_for(channel.channel_ready(), timeout=RPC_TIMEOUT_S)
@@ -274,17 +298,20 @@ async def _count_server(
             for _ in range(WARMUP_CALLS):
                 await call()
             count = Count(op, service, rpcs)
-            for window in range(WINDOWS):
+            for window in range(plan.windows):
                 callgrind.zero()
                 callgrind.instrument(True)
                 began = time.perf_counter()
-                for _ in range(calls):
+                for _ in range(plan.calls):
                     await call()
                 seconds = time.perf_counter() - began
                 callgrind.instrument(False)
-                count.windows.append(Window(callgrind.dump(), calls, seconds))
+                count.windows.append(Window(callgrind.dump(), plan.calls, seconds))
+                if keep_dumps is not None and callgrind.last_dump is not None:
+                    keep_dumps.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(callgrind.last_dump, keep_dumps / f"{service}-{op}-{window + 1}")
                 log(
-                    f"{service}: {op} window {window + 1}/{WINDOWS}: "
+                    f"{service}: {op} window {window + 1}/{plan.windows}: "
                     f"{count.windows[-1].per_call:,.0f} instructions/op ({seconds:.1f} s)"
                 )
             counts.append(count)
@@ -301,7 +328,9 @@ async def _count_server(
         await channel.close()
 
 
-def count_tree(code_root: Path, only: list[str], calls: int) -> list[ServerCounts]:
+def count_tree(
+    code_root: Path, only: list[str], plan: Plan, keep_dumps: Path | None = None
+) -> list[ServerCounts]:
     """Counts `only` against servers of the tree at `code_root`, one server per service."""
     wanted: dict[str, list[str]] = {}
     for op in only:
@@ -330,7 +359,9 @@ def count_tree(code_root: Path, only: list[str], calls: int) -> list[ServerCount
             log(f"{service} server listening after {time.monotonic() - started:.0f} s")
             callgrind = Callgrind(server.pid, data_dir)
             results.append(
-                asyncio.run(_count_server(server.address, callgrind, service, ops, calls))
+                asyncio.run(
+                    _count_server(server.address, callgrind, service, ops, plan, keep_dumps)
+                )
             )
     return results
 
@@ -344,10 +375,10 @@ def _vs_noop(server: ServerCounts, count: Count) -> float | None:
     return None if noop is None else count.per_call / (count.rpcs * noop.per_call)
 
 
-def render(tree: list[ServerCounts], calls: int) -> str:
+def render(tree: list[ServerCounts], plan: Plan) -> str:
     lines = [
-        f"Instructions per op (callgrind, whole server process, {WINDOWS} windows of "
-        f"{calls} sequential ops, 1 client, SQLite FULL)",
+        f"Instructions per op (callgrind, whole server process, {plan.windows} windows of "
+        f"{plan.calls} sequential ops, 1 client, SQLite FULL)",
         f"{'op':<10} {'server':<9} {'RPCs':>4} {'instructions/op':>16} {'per RPC':>12} "
         f"{'vs no-op':>9} {'spread':>7} {'idle share':>10}",
     ]
@@ -428,13 +459,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}"
     )
+    parser.add_argument(
+        "--windows", type=int, default=DEFAULT_WINDOWS, help="counted windows per op (>= 2)"
+    )
     parser.add_argument("--against", metavar="REV", help="also count REV's server code")
+    parser.add_argument(
+        "--keep-dumps",
+        type=Path,
+        metavar="DIR",
+        help="copy every window's callgrind dump into DIR (DIR/this-tree, DIR/REV)",
+    )
     args = parser.parse_args(argv)
     only = [op.strip() for op in args.only.split(",") if op.strip()]
     if not only or any(op not in OPS for op in only):
         parser.error(f"--only takes a comma-separated list of {', '.join(OPS)}")
-    if args.calls < 1:
-        parser.error("--calls must be >= 1")
+    if args.calls < 1 or args.windows < 2:
+        parser.error("--calls must be >= 1, --windows >= 2")
+    plan = Plan(args.calls, args.windows)
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("valgrind and callgrind_control are needed (apt-get install valgrind)")
 
@@ -444,16 +485,24 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
         "valgrind": valgrind_version(),
         "calls_per_window": args.calls,
-        "windows": WINDOWS,
+        "windows": args.windows,
         "warmup_calls": WARMUP_CALLS,
     }
-    current = count_tree(servers.REPO_ROOT, only, args.calls)
-    print(render(current, args.calls), flush=True)
+    keep = args.keep_dumps
+    current = count_tree(
+        servers.REPO_ROOT, only, plan, None if keep is None else keep / "this-tree"
+    )
+    print(render(current, plan), flush=True)
     report["this_tree"] = to_json(current)
     if args.against:
         with against.release_tree(args.against) as release_root:
-            release = count_tree(release_root, only, args.calls)
-        print(f"\n{args.against}:\n{render(release, args.calls)}")
+            release = count_tree(
+                release_root,
+                only,
+                plan,
+                None if keep is None else keep / args.against.replace("/", "_"),
+            )
+        print(f"\n{args.against}:\n{render(release, plan)}")
         pairs = compare(current, release)
         print("\n" + render_against(args.against, pairs))
         report["against"] = {
