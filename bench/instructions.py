@@ -29,7 +29,10 @@ not calls (under callgrind a call is ~50x slower, so this share is larger than
 it would be natively). What moves a count between windows is mostly Python's
 cyclic garbage collector: a full collection (~15 million instructions in a session
 server) lands in one window and not in the other; more ops per window (`--calls`)
-or more windows (`--windows`) spread it thinner. `--keep-dumps DIR` keeps every
+or more windows (`--windows`) spread it thinner. So every window's instructions
+inside the collector (`gc_collect_main`, inclusive, read by `callgrind_annotate`)
+are counted too: "GC share" and "w/o GC", the spread of the counts less them.
+`--keep-dumps DIR` keeps every
 window's dump, for `callgrind_annotate` (per function, one window against another).
 
 `--against REV` counts the same for REV's server code (`bench.against.release_tree`)
@@ -44,6 +47,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -122,14 +126,34 @@ def callgrind_instructions(path: Path) -> int:
     return counts[events.index("Ir")]
 
 
+_GC_FUNCTION = re.compile(r"^\s*([\d,]+)\s+\([^)]*\)\s+\S*:gc_collect_main(\s|$)")
+
+
+def gc_instructions(path: Path) -> int:
+    """Instructions inside Python's cyclic garbage collector (`gc_collect_main`,
+    inclusive) in one callgrind output file, by `callgrind_annotate`. Its entries are
+    summed: callgrind_annotate splits a function by the file its inlined code comes from
+    (`gcmodule.c:gc_collect_main`, `object.h:gc_collect_main`)."""
+    annotated = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    return sum(
+        int(match.group(1).replace(",", ""))
+        for line in annotated.splitlines()
+        if (match := _GC_FUNCTION.match(line))
+    )
+
+
 class Callgrind:
     """`callgrind_control` for one process running under callgrind."""
 
     def __init__(self, pid: int, out_dir: Path) -> None:
         self.pid = pid
         self.out_dir = out_dir
-        #: The file of the latest `dump`.
-        self.last_dump: Path | None = None
 
     def _control(self, *flags: str) -> None:
         done = subprocess.run(
@@ -150,8 +174,8 @@ class Callgrind:
     def instrument(self, on: bool) -> None:
         self._control("-i", "on" if on else "off")
 
-    def dump(self, timeout_s: float = 120.0) -> int:
-        """Dumps the counters (which zeroes them) and returns the dump's total Ir."""
+    def dump(self, timeout_s: float = 120.0) -> tuple[int, Path]:
+        """Dumps the counters (which zeroes them); the dump's total Ir and its file."""
         before = set(self.out_dir.glob(f"{CALLGRIND_OUT}.*"))
         self._control("-d")
         deadline = time.monotonic() + timeout_s
@@ -163,8 +187,7 @@ class Callgrind:
                 except ValueError:
                     pass  # still being written
                 else:
-                    self.last_dump = new[-1]
-                    return instructions
+                    return instructions, new[-1]
             time.sleep(0.2)
         raise RuntimeError(f"callgrind wrote no dump into {self.out_dir} in {timeout_s:g} s")
 
@@ -182,10 +205,21 @@ class Window:
     instructions: int
     calls: int
     seconds: float
+    #: Of `instructions`, those inside Python's cyclic GC (`gc_instructions`).
+    gc: int = 0
 
     @property
     def per_call(self) -> float:
         return self.instructions / self.calls
+
+    @property
+    def per_call_without_gc(self) -> float:
+        return (self.instructions - self.gc) / self.calls
+
+
+def _spread(values: list[float]) -> float:
+    """(largest - smallest) / mean."""
+    return (max(values) - min(values)) / (sum(values) / len(values))
 
 
 @dataclass
@@ -204,8 +238,17 @@ class Count:
     @property
     def spread(self) -> float:
         """(largest - smallest window) / their mean."""
-        values = [w.per_call for w in self.windows]
-        return (max(values) - min(values)) / self.per_call
+        return _spread([w.per_call for w in self.windows])
+
+    @property
+    def spread_without_gc(self) -> float:
+        """The spread of the windows' counts less their GC: what the collector's lumps
+        leave of it."""
+        return _spread([w.per_call_without_gc for w in self.windows])
+
+    @property
+    def gc_share(self) -> float:
+        return sum(w.gc for w in self.windows) / sum(w.instructions for w in self.windows)
 
     def idle_share(self, idle_per_s: float) -> float:
         return sum(idle_per_s * w.seconds / w.instructions for w in self.windows) / len(
@@ -219,9 +262,12 @@ class Count:
             "rpcs_per_op": self.rpcs,
             "instructions_per_op": round(self.per_call),
             "spread": round(self.spread, 5),
+            "spread_without_gc": round(self.spread_without_gc, 5),
+            "gc_share": round(self.gc_share, 5),
             "windows": [
                 {
                     "instructions": w.instructions,
+                    "gc_instructions": w.gc,
                     "calls": w.calls,
                     "seconds": round(w.seconds, 2),
                     "per_op": round(w.per_call),
@@ -306,10 +352,12 @@ async def _count_server(
                     await call()
                 seconds = time.perf_counter() - began
                 callgrind.instrument(False)
-                count.windows.append(Window(callgrind.dump(), plan.calls, seconds))
-                if keep_dumps is not None and callgrind.last_dump is not None:
+                instructions, dump = callgrind.dump()
+                gc = gc_instructions(dump)
+                count.windows.append(Window(instructions, plan.calls, seconds, gc))
+                if keep_dumps is not None:
                     keep_dumps.mkdir(parents=True, exist_ok=True)
-                    shutil.copy(callgrind.last_dump, keep_dumps / f"{service}-{op}-{window + 1}")
+                    shutil.copy(dump, keep_dumps / f"{service}-{op}-{window + 1}")
                 log(
                     f"{service}: {op} window {window + 1}/{plan.windows}: "
                     f"{count.windows[-1].per_call:,.0f} instructions/op ({seconds:.1f} s)"
@@ -321,7 +369,7 @@ async def _count_server(
         await asyncio.sleep(IDLE_WINDOW_S)
         idle_seconds = time.perf_counter() - began
         callgrind.instrument(False)
-        idle_per_s = callgrind.dump() / idle_seconds
+        idle_per_s = callgrind.dump()[0] / idle_seconds
         log(f"{service}: idle {idle_per_s:,.0f} instructions/s")
         return ServerCounts(service, idle_per_s, counts)
     finally:
@@ -380,7 +428,7 @@ def render(tree: list[ServerCounts], plan: Plan) -> str:
         f"Instructions per op (callgrind, whole server process, {plan.windows} windows of "
         f"{plan.calls} sequential ops, 1 client, SQLite FULL)",
         f"{'op':<10} {'server':<9} {'RPCs':>4} {'instructions/op':>16} {'per RPC':>12} "
-        f"{'vs no-op':>9} {'spread':>7} {'idle share':>10}",
+        f"{'vs no-op':>9} {'spread':>7} {'GC share':>8} {'w/o GC':>7} {'idle share':>10}",
     ]
     for server, count in _rows(tree):
         ratio = _vs_noop(server, count)
@@ -388,12 +436,14 @@ def render(tree: list[ServerCounts], plan: Plan) -> str:
             f"{count.op:<10} {server.server:<9} {count.rpcs:>4} {count.per_call:>16,.0f} "
             f"{count.per_call / count.rpcs:>12,.0f} "
             f"{'-' if ratio is None else f'{ratio:.2f}x':>9} {100 * count.spread:>6.2f}% "
+            f"{100 * count.gc_share:>7.2f}% {100 * count.spread_without_gc:>6.2f}% "
             f"{100 * count.idle_share(server.idle_per_s):>9.1f}%"
         )
     lines.append(
         "(vs no-op: per RPC over one Health/Check on the same server; spread: (max - min) / "
-        "mean of the windows; idle share: the server's idle instructions/s times a window's "
-        "length over its count)"
+        "mean of the windows; GC share: instructions inside Python's cyclic GC; w/o GC: the "
+        "spread of the counts less their GC; idle share: the server's idle instructions/s "
+        "times a window's length over its count)"
     )
     lines += [f"idle {sc.server} server: {sc.idle_per_s:,.0f} instructions/s" for sc in tree]
     return "\n".join(lines)
