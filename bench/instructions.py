@@ -25,8 +25,8 @@ Operations (`--only`):
 An idle window (instrumentation on, no calls) per server gives the background
 rate (timers, pollers) in instructions per second; "idle share" is that rate
 times a window's length over the window's count: how much of a figure is time,
-not calls (under callgrind a call is ~50x slower, so this share is larger than
-it would be natively). What moves a count between windows is mostly Python's
+not calls (under callgrind a call is an order of magnitude slower, so this share
+is larger than it would be natively). What moves a count between windows is mostly Python's
 cyclic garbage collector: a full collection (~15 million instructions in a session
 server) lands in one window and not in the other; more ops per window (`--calls`)
 or more windows (`--windows`) spread it thinner. So every window's instructions
