@@ -60,6 +60,73 @@ def _only_127(address: str) -> str:
     return address
 
 
+async def register_instance(stub: pb_grpc.DeliveryServiceAsyncStub) -> str:
+    """Registers one gateway instance (a lease longer than any measurement); its id."""
+    registered = await stub.RegisterInstance(
+        pb.RegisterInstanceRequest(
+            gateway_name="bench-gateway",
+            host="bench",
+            pid=os.getpid(),
+            platforms=["slack"],
+            lease_ttl=duration_pb2.Duration(seconds=LEASE_TTL_S),
+        ),
+        timeout=RPC_TIMEOUT_S,
+    )
+    return registered.instance.instance_id
+
+
+async def send_cycle(
+    stub: pb_grpc.DeliveryServiceAsyncStub,
+    instance_id: str,
+    client: int,
+    tag: str,
+    i: int,
+    begin_attempt: bool = False,
+) -> None:
+    """One send path: RecordObligation (content unique per `tag`, `client`, `i`) →
+    MarkAttempting → MarkDelivered. `begin_attempt` records straight into ATTEMPTING:
+    the same three transitions in two RPCs (RecordObligation.begin_attempt)."""
+    recorded = await stub.RecordObligation(
+        pb.RecordObligationRequest(
+            instance_id=instance_id,
+            session_key=f"agent:bench:slack:channel:C{client}",
+            message_ref=f"{tag}-{i}",
+            content=f"bench {client} {i}",
+            platform="slack",
+            chat_id=f"C{client}",
+            thread_id="171.001",
+            begin_attempt=begin_attempt,
+            request_id=request_id(),
+        ),
+        timeout=RPC_TIMEOUT_S,
+    )
+    row = recorded.obligation
+    if not recorded.created:
+        raise RuntimeError(f"obligation {row.id} existed already: contents not unique")
+    if not begin_attempt:
+        await stub.MarkAttempting(
+            pb.MarkAttemptingRequest(
+                obligation_id=row.id,
+                instance_id=instance_id,
+                fence=row.fence,
+                request_id=request_id(),
+            ),
+            timeout=RPC_TIMEOUT_S,
+        )
+    delivered = await stub.MarkDelivered(
+        pb.MarkDeliveredRequest(
+            obligation_id=row.id,
+            instance_id=instance_id,
+            fence=row.fence,
+            platform_message_id=f"pm-{client}-{i}",
+            request_id=request_id(),
+        ),
+        timeout=RPC_TIMEOUT_S,
+    )
+    if delivered.obligation.state != pb.OBLIGATION_STATE_DELIVERED:
+        raise RuntimeError(f"obligation {row.id} is not delivered after MarkDelivered")
+
+
 async def _client(
     stub: pb_grpc.DeliveryServiceAsyncStub,
     client: int,
@@ -68,68 +135,18 @@ async def _client(
     stop_at: float,
     begin_attempt: bool = False,
 ) -> ClientResult:
-    """`begin_attempt` records straight into ATTEMPTING: the same three
-    transitions in two RPCs (RecordObligation.begin_attempt)."""
+    """Registers an instance, then repeats `send_cycle` until `stop_at`."""
     result = ClientResult()
     try:
-        registered = await stub.RegisterInstance(
-            pb.RegisterInstanceRequest(
-                gateway_name="bench-gateway",
-                host="bench",
-                pid=os.getpid(),
-                platforms=["slack"],
-                lease_ttl=duration_pb2.Duration(seconds=LEASE_TTL_S),
-            ),
-            timeout=RPC_TIMEOUT_S,
-        )
-        instance_id = registered.instance.instance_id
-        session_key = f"agent:bench:slack:channel:C{client}"
+        instance_id = await register_instance(stub)
         i = 0
         while True:
             began = time.perf_counter()
             if began >= stop_at:
                 break
-            recorded = await stub.RecordObligation(
-                pb.RecordObligationRequest(
-                    instance_id=instance_id,
-                    session_key=session_key,
-                    message_ref=f"{tag}-{i}",
-                    content=f"bench {client} {i}",
-                    platform="slack",
-                    chat_id=f"C{client}",
-                    thread_id="171.001",
-                    begin_attempt=begin_attempt,
-                    request_id=request_id(),
-                ),
-                timeout=RPC_TIMEOUT_S,
-            )
-            row = recorded.obligation
-            if not recorded.created:
-                raise RuntimeError(f"obligation {row.id} existed already: contents not unique")
-            if not begin_attempt:
-                await stub.MarkAttempting(
-                    pb.MarkAttemptingRequest(
-                        obligation_id=row.id,
-                        instance_id=instance_id,
-                        fence=row.fence,
-                        request_id=request_id(),
-                    ),
-                    timeout=RPC_TIMEOUT_S,
-                )
-            delivered = await stub.MarkDelivered(
-                pb.MarkDeliveredRequest(
-                    obligation_id=row.id,
-                    instance_id=instance_id,
-                    fence=row.fence,
-                    platform_message_id=f"pm-{client}-{i}",
-                    request_id=request_id(),
-                ),
-                timeout=RPC_TIMEOUT_S,
-            )
+            await send_cycle(stub, instance_id, client, tag, i, begin_attempt)
             ended = time.perf_counter()
             i += 1
-            if delivered.obligation.state != pb.OBLIGATION_STATE_DELIVERED:
-                raise RuntimeError(f"obligation {row.id} is not delivered after MarkDelivered")
             if ended > stop_at:
                 break
             if began >= measure_from:

@@ -90,10 +90,13 @@ class ServerProcess:
         service: str = "delivery",
         code_root: Path = REPO_ROOT,
         extra_args: Sequence[str] = (),
+        command_prefix: Sequence[str] = (),
     ) -> None:
         """`code_root` is the tree whose server code runs (an earlier release's, say):
         `python -m` puts the working directory first on the path. `extra_args` go on
-        `serve`'s command line (e.g. `--access-log off`)."""
+        `serve`'s command line (e.g. `--access-log off`). `command_prefix` runs the
+        server under another program that execs it in the same process (`valgrind
+        --tool=callgrind …`), so `pid` stays the server's."""
         if service not in _LISTENING:
             raise ValueError(f"unknown service {service!r}: use one of {', '.join(_LISTENING)}")
         self.service = service
@@ -103,6 +106,7 @@ class ServerProcess:
         self.cprofile_to = cprofile_to
         self.code_root = code_root
         self.extra_args = tuple(extra_args)
+        self.command_prefix = list(command_prefix)
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
         self.output: list[str] = []
@@ -115,7 +119,7 @@ class ServerProcess:
         return self.process.pid
 
     def command(self) -> list[str]:
-        python = [sys.executable]
+        python = [*self.command_prefix, sys.executable]
         if self.cprofile_to is not None:
             python += ["-m", "cProfile", "-o", str(self.cprofile_to)]
         return [
@@ -199,12 +203,21 @@ def running_server(
     service: str = "delivery",
     code_root: Path = REPO_ROOT,
     extra_args: Sequence[str] = (),
+    command_prefix: Sequence[str] = (),
+    start_timeout_s: float = 30.0,
 ) -> Iterator[ServerProcess]:
     server = ServerProcess(
-        url, data_dir, sqlite_synchronous, cprofile_to, service, code_root, extra_args
+        url,
+        data_dir,
+        sqlite_synchronous,
+        cprofile_to,
+        service,
+        code_root,
+        extra_args=extra_args,
+        command_prefix=command_prefix,
     )
     try:
-        server.start()
+        server.start(start_timeout_s)
         yield server
     finally:
         server.stop()

@@ -91,14 +91,14 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
-async def _create_agent(stub: pb_grpc.SessionServiceAsyncStub, name: str) -> None:
+async def create_agent(stub: pb_grpc.SessionServiceAsyncStub, name: str) -> None:
     await stub.CreateAgent(
         pb.CreateAgentRequest(agent=pb.Agent(name=name, display_name="bench agent")),
         timeout=RPC_TIMEOUT_S,
     )
 
 
-async def _resolve(stub: pb_grpc.SessionServiceAsyncStub, agent: str, tab: str) -> str:
+async def resolve_session(stub: pb_grpc.SessionServiceAsyncStub, agent: str, tab: str) -> str:
     resolved = await stub.ResolveSession(
         pb.ResolveSessionRequest(
             agent=agent, source=pb.Source(transport="web", conversation_id=tab)
@@ -111,6 +111,27 @@ async def _resolve(stub: pb_grpc.SessionServiceAsyncStub, agent: str, tab: str) 
 
 
 # -- appends ----------------------------------------------------------------------------------
+
+
+async def append_message(
+    stub: pb_grpc.SessionServiceAsyncStub, agent: str, session_id: str, client: int, i: int
+) -> None:
+    """The `i`-th append (from 0) of `client`'s session: one AppendEvents of one
+    MessageAppended event, checked to have made the session's version i + 2."""
+    response = await stub.AppendEvents(
+        pb.AppendEventsRequest(
+            agent=agent,
+            session_id=session_id,
+            events=[message_event(client, i)],
+            request_id=request_id(),
+        ),
+        timeout=RPC_TIMEOUT_S,
+    )
+    # Version 1 is the SessionOpened event; every append adds one.
+    if response.version != i + 2 or len(response.events) != 1:
+        raise RuntimeError(
+            f"append {i + 1} of {session_id} answered version {response.version}, expected {i + 2}"
+        )
 
 
 async def _append_client(
@@ -128,23 +149,9 @@ async def _append_client(
             began = time.perf_counter()
             if began >= stop_at:
                 break
-            response = await stub.AppendEvents(
-                pb.AppendEventsRequest(
-                    agent=agent,
-                    session_id=session_id,
-                    events=[message_event(client, i)],
-                    request_id=request_id(),
-                ),
-                timeout=RPC_TIMEOUT_S,
-            )
+            await append_message(stub, agent, session_id, client, i)
             ended = time.perf_counter()
             i += 1
-            # Version 1 is the SessionOpened event; every append adds one.
-            if response.version != i + 1 or len(response.events) != 1:
-                raise RuntimeError(
-                    f"append {i} of {session_id} answered version {response.version}, "
-                    f"expected {i + 1}"
-                )
             if ended > stop_at:
                 break
             if began >= measure_from:
@@ -191,9 +198,9 @@ async def run_appends(
     agent = f"bench-{uuid.uuid4().hex[:12]}"  # unique on a database that outlives one run
     session_ids: list[str] = []
     if mode == "append":
-        await _create_agent(stubs[0], agent)
+        await create_agent(stubs[0], agent)
         for n in range(clients):
-            session_ids.append(await _resolve(stubs[n % channels], agent, f"tab-{n}"))
+            session_ids.append(await resolve_session(stubs[n % channels], agent, f"tab-{n}"))
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     wall_before = time.perf_counter()
     measure_from = wall_before + warmup_s
@@ -264,8 +271,8 @@ async def run_turns(
 ) -> dict[str, Any]:
     stub = pb_grpc.SessionServiceStub(channel)
     agent = f"bench-{uuid.uuid4().hex[:12]}"
-    await _create_agent(stub, agent)
-    session_id = await _resolve(stub, agent, "tab-turn")
+    await create_agent(stub, agent)
+    session_id = await resolve_session(stub, agent, "tab-turn")
     seed_s = await _seed(stub, agent, session_id, events)
     expected_history = min(events, HISTORY_LIMIT)
     state_request = pb.GetSessionStateRequest(agent=agent, session_id=session_id)
