@@ -212,3 +212,33 @@ def input_body(message: pb.SessionEventInput) -> records.EventBody | None:
     """An append's input: the body it carries (None: none, which the core refuses)."""
     which = message.WhichOneof("body")
     return None if which is None else _BODY_TO_RECORD[which](getattr(message, which))
+
+
+def encoded_size(record: Any) -> int:
+    """The bytes a record takes in its message's encoding (what the answer and state
+    limits count: the same as the protobuf-era `ByteSize()`)."""
+    size: int = _TO_PB[type(record)](record).ByteSize()
+    return size
+
+
+def is_valid_mask(kind: type[Any], paths: Iterable[str]) -> bool:
+    """Whether every path names a field of the record's message (`FieldMask` rules)."""
+    mask = field_mask_pb2.FieldMask(paths=list(paths))
+    valid: bool = mask.IsValidForDescriptor(getattr(pb, kind.__name__).DESCRIPTOR)
+    return valid
+
+
+def merge_masked(paths: Iterable[str], source: R, destination: R) -> None:
+    """Merges the masked fields of `source` into `destination` (in place), as
+    `FieldMask.MergeMessage` with messages and lists replaced, never merged: the
+    one definition of an UpdateAgent's change."""
+    merged = _TO_PB[type(destination)](destination)
+    field_mask_pb2.FieldMask(paths=list(paths)).MergeMessage(
+        _TO_PB[type(source)](source),
+        merged,
+        replace_message_field=True,
+        replace_repeated_field=True,
+    )
+    result = _TO_RECORD[type(destination)](merged)
+    for field in fields(result):
+        setattr(destination, field.name, getattr(result, field.name))

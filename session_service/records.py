@@ -395,3 +395,12 @@ class Event:
     session_version: int = 0
     time: int | None = None  # nanoseconds since the epoch, set when logged
     agent_version: int = 0
+
+
+@dataclass(slots=True, frozen=True)
+class EventInput:
+    """One input of an append, as the edge received it: its body (None: it gave none)
+    and its size encoded, which bounds the answer echoing it."""
+
+    body: EventBody | None
+    size: int

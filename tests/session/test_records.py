@@ -8,15 +8,21 @@ mappers may import the generated session module.
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message as ProtoMessage
 
-from session_service import convert, records
+from session_service import convert, records, storage_format
 from switchboard.session.v1 import session_service_pb2 as pb
 
+_SESSION_SERVICE = Path(__file__).parents[2] / "session_service"
+#: The modules that may see generated session messages: the gRPC face, the mappers,
+#: and the app that registers the servicer.
+_MAY_IMPORT_PB = {"servicer.py", "convert.py", "storage_format.py", "app.py"}
 _BODY = pb.Event.DESCRIPTOR.oneofs_by_name["body"]
 
 
@@ -121,3 +127,110 @@ def test_enums_carry_the_protos_numbers_and_keep_unknown_ones() -> None:
     message = convert.to_record(records.Message, pb.Message(role=99))  # type: ignore[arg-type]
     assert message.role == 99 and message.role not in set(records.Role)
     assert convert.to_pb(message).role == 99
+
+
+# -- stored rows ----------------------------------------------------------------------------
+
+
+def _same_bytes(written: bytes, stored: bytes, kind: type[ProtoMessage]) -> bool:
+    """The same bytes; where a map's entries may come in another order (protobuf's own
+    encoding does not fix it), the same bytes once the entries are sorted."""
+    if written == stored:
+        return True
+    again, before = kind.FromString(written), kind.FromString(stored)
+    return len(written) == len(stored) and again.SerializeToString(
+        deterministic=True
+    ) == before.SerializeToString(deterministic=True)
+
+
+#: An event as the protobuf-era code logged it (format 1): `pb.Event.SerializeToString`.
+_LOGGED_BEFORE = bytes.fromhex(
+    "0805120461676e741a05736573733120032a0b08c0d498a90610959aef3a"
+    "b201170a150801120b6869207468657265e280a61a0475736572"
+)
+
+
+def test_format_1_rows_written_before_decode_to_the_same_records() -> None:
+    written = pb.Event.FromString(_LOGGED_BEFORE)
+
+    record = storage_format.decode_event(1, _LOGGED_BEFORE)
+
+    assert record == convert.event(written)
+    assert isinstance(record.body, records.MessageAppended)
+    assert record.body.message is not None and record.body.message.content == "hi there…"
+    assert storage_format.encode_event(record) == _LOGGED_BEFORE
+
+
+@pytest.mark.parametrize("body", _KINDS)
+def test_log_rows_keep_their_bytes(body: Any) -> None:
+    for event in (_event(body), _event(body, empty_messages=True)):
+        stored = event.SerializeToString()
+
+        record = storage_format.decode_event(1, stored)
+
+        assert record == convert.event(event)
+        assert _same_bytes(storage_format.encode_event(record), stored, pb.Event)
+
+
+@pytest.mark.parametrize("kind", [pb.SessionState, pb.Agent], ids=lambda kind: kind.__name__)
+def test_snapshot_rows_keep_their_bytes(kind: type[ProtoMessage]) -> None:
+    stored = _filled(kind()).SerializeToString()
+    record_kind = getattr(records, kind.__name__)
+
+    record = storage_format.decode_state(record_kind, 1, stored)
+
+    assert isinstance(record, record_kind)
+    assert _same_bytes(storage_format.encode_state(record), stored, kind)
+
+
+def test_summaries_keep_their_deterministic_bytes() -> None:
+    session = _filled(pb.Session())
+    agent = _filled(pb.Agent())
+    assert isinstance(session, pb.Session) and isinstance(agent, pb.Agent)
+    agent.ClearField("memory")
+
+    for message, decode in (
+        (session, storage_format.decode_session_summary),
+        (agent, storage_format.decode_agent_summary),
+    ):
+        stored = message.SerializeToString(deterministic=True)
+        record = decode(stored)
+        assert storage_format.encode_summary(record) == stored
+
+
+# -- the boundary ---------------------------------------------------------------------------
+
+
+def _imports_session_pb(source: str) -> bool:
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            if any(alias.name.endswith("session_service_pb2") for alias in node.names):
+                return True
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if module.endswith("session_service_pb2") or any(
+                alias.name == "session_service_pb2" for alias in node.names
+            ):
+                return True
+    return False
+
+
+def test_only_the_servicer_and_the_mappers_import_the_generated_messages() -> None:
+    importing = {
+        path.name
+        for path in _SESSION_SERVICE.glob("*.py")
+        if _imports_session_pb(path.read_text(encoding="utf-8"))
+    }
+
+    assert importing - _MAY_IMPORT_PB == set()
+
+
+def test_the_guard_sees_every_way_of_importing_them() -> None:
+    for source in (
+        "from switchboard.session.v1 import session_service_pb2 as pb",
+        "import switchboard.session.v1.session_service_pb2",
+        "from switchboard.session.v1.session_service_pb2 import Event",
+        "def late():\n    from switchboard.session.v1 import session_service_pb2\n",
+    ):
+        assert _imports_session_pb(source), source
+    assert not _imports_session_pb("from switchboard.session.v1 import session_service_pb2_grpc")
