@@ -1,10 +1,12 @@
 """The one mapper between the `switchboard.session.v1` messages and `records`.
 
 Driven by the descriptors: for each record class, the message of the same name
-gives its fields, and a plan of one small function per field is built once at
-import (so a call does no descriptor lookups). What each field kind becomes is
-said in `records`. Only the servicer and `storage_format` call this module: the
-core never sees a generated message.
+gives its fields, and two functions are generated from them once at import, one
+each way, as a person would write them (`Session(session_id=m.session_id, ...)`),
+so that a call costs attribute reads and one constructor, no descriptor lookups
+or per-field dispatch (`print(_source(records.Session))` shows them). What each
+field kind becomes is said in `records`. Only the servicer and `storage_format`
+call this module: the core never sees a generated message.
 """
 
 from __future__ import annotations
@@ -29,16 +31,11 @@ _TIME_TYPES = {
 }
 _FIELD_MASK = field_mask_pb2.FieldMask.DESCRIPTOR.full_name
 
-#: The record classes mapped, each to the message of its name.
+#: The record classes mapped, each to the message of its name (with what they carry).
 _MAPPED: tuple[type[Any], ...] = (
-    records.RoutingPolicy, records.ResumePolicy, records.ResetPolicy, records.AgentSettings,
-    records.PermissionRule, records.Narrowing, records.Agent, records.Lineage, records.Source,
-    records.Session, records.ToolCall, records.Message, records.Task, records.QueuedMessage,
-    records.SessionState, records.Checkpoint, *records.EVENT_BODIES, records.Event,
+    records.Agent, records.Session, records.SessionState, records.Checkpoint,
+    *records.EVENT_BODIES, records.Event,
 )  # fmt: skip
-
-#: Field descriptors are typed Any here: their stubs make every message_type optional.
-Getter = Callable[[Any], Any]
 
 #: record class -> its converter from its message, and to it; filled by `_plan`.
 _TO_RECORD: dict[type[Any], Callable[[Any], Any]] = {}
@@ -54,132 +51,111 @@ def _record_class(descriptor: Any) -> type[Any]:
     return found  # type: ignore[return-value]
 
 
-def _enum_class(field: Any) -> type[records.OpenEnum]:
-    found: type[records.OpenEnum] = getattr(records, field.enum_type.name)
-    return found
+def _nanos(value: Any) -> int:
+    return int(value.seconds * _NANOS + value.nanos)
 
 
-def _time_to_record(name: str) -> Getter:
-    def get(message: Any) -> int | None:
-        if not message.HasField(name):
-            return None
-        value = getattr(message, name)
-        return int(value.seconds * _NANOS + value.nanos)
-
-    return get
+def _time(kind: type[Any], nanos: int) -> Any:
+    seconds, rest = divmod(nanos, _NANOS)
+    return kind(seconds=seconds, nanos=rest)
 
 
-def _time_to_pb(kind: type[Any]) -> Getter:
-    def put(nanos: int | None) -> Any:
-        if nanos is None:
-            return None
-        seconds, rest = divmod(nanos, _NANOS)
-        return kind(seconds=seconds, nanos=rest)
+def _enum_of(enum: type[records.OpenEnum]) -> Callable[[int], records.OpenEnum]:
+    """number -> member, a dict lookup (calling the enum class costs far more)."""
+    members = {int(member): member for member in enum}
 
-    return put
+    def of(number: int) -> records.OpenEnum:
+        found = members.get(number)
+        return found if found is not None else enum(number)
+
+    return of
 
 
-def _field_to_record(field: Any) -> Getter:
-    name = field.name
+# Field descriptors are typed Any below: their stubs make every message_type optional.
+
+
+def _field_code(field: Any, env: dict[str, Any]) -> tuple[str, str]:
+    """(the expression of a field's record value from message `m`, the expression of
+    its message value from record `r`), adding what they call to `env`."""
+    name, ref = field.name, f"field_{field.name}"  # apart from the helpers' names
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
-        return lambda message: dict(getattr(message, name))
-    repeated = field.is_repeated
-    if field.type == FieldDescriptor.TYPE_MESSAGE:
-        full_name = field.message_type.full_name
-        if full_name in _TIME_TYPES:
-            return _time_to_record(name)
-        if full_name == _FIELD_MASK:
-            return lambda m: list(getattr(m, name).paths) if m.HasField(name) else None
-        convert = _record_converter(_record_class(field.message_type))
-        if repeated:
-            return lambda message: [convert(item) for item in getattr(message, name)]
-        return lambda message: convert(getattr(message, name)) if message.HasField(name) else None
+        return f"dict(m.{name})", f"r.{name}"
     if field.type == FieldDescriptor.TYPE_ENUM:
-        enum = _enum_class(field)
-        if repeated:
-            return lambda message: [enum(item) for item in getattr(message, name)]
-        return lambda message: enum(getattr(message, name))
-    if repeated:
-        return lambda message: list(getattr(message, name))
-    return lambda message: getattr(message, name)
-
-
-def _field_to_pb(field: Any) -> Getter | None:
-    """record value -> what the message's constructor takes (None: as given)."""
-    if field.message_type is not None and field.message_type.GetOptions().map_entry:
-        return None
+        env[ref] = _enum_of(getattr(records, field.enum_type.name))
+        if field.is_repeated:
+            return f"[{ref}(x) for x in m.{name}]", f"r.{name}"
+        return f"{ref}(m.{name})", f"r.{name}"
     if field.type != FieldDescriptor.TYPE_MESSAGE:
-        return None  # scalars and enums (an IntEnum is an int), repeated or not
+        return (f"list(m.{name})" if field.is_repeated else f"m.{name}"), f"r.{name}"
     full_name = field.message_type.full_name
+    present = f"m.HasField({name!r})"
     if full_name in _TIME_TYPES:
-        return _time_to_pb(_TIME_TYPES[full_name])
+        env[ref] = _TIME_TYPES[full_name]
+        return (
+            f"_nanos(m.{name}) if {present} else None",
+            f"None if r.{name} is None else _time({ref}, r.{name})",
+        )
     if full_name == _FIELD_MASK:
-        return lambda paths: None if paths is None else field_mask_pb2.FieldMask(paths=paths)
-    convert = _pb_converter(_record_class(field.message_type))
+        env[ref] = field_mask_pb2.FieldMask
+        return (
+            f"list(m.{name}.paths) if {present} else None",
+            f"None if r.{name} is None else {ref}(paths=r.{name})",
+        )
+    sub = _record_class(field.message_type)
+    _plan(sub)
+    env[f"{ref}_record"], env[f"{ref}_pb"] = _TO_RECORD[sub], _TO_PB[sub]
     if field.is_repeated:
-        return lambda items: [convert(item) for item in items]
-    return lambda value: None if value is None else convert(value)
+        return f"[{ref}_record(x) for x in m.{name}]", f"[{ref}_pb(x) for x in r.{name}]"
+    return (
+        f"{ref}_record(m.{name}) if {present} else None",
+        f"None if r.{name} is None else {ref}_pb(r.{name})",
+    )
 
 
-def _record_converter(kind: type[Any]) -> Callable[[Any], Any]:
-    return lambda message: _TO_RECORD[kind](message)
+_SOURCES: dict[type[Any], str] = {}
 
 
-def _pb_converter(kind: type[Any]) -> Callable[[Any], Any]:
-    return lambda record: _TO_PB[kind](record)
+def _source(kind: type[Any]) -> str:
+    """The generated source of a record class's two converters (for reading them)."""
+    return _SOURCES[kind]
 
 
 def _plan(kind: type[Any]) -> None:
+    if kind in _TO_RECORD:
+        return
     message_class = getattr(pb, kind.__name__)
     descriptor: Any = message_class.DESCRIPTOR
-    in_body = (
-        {f.name for f in descriptor.oneofs_by_name["body"].fields}
-        if kind is records.Event
-        else set()
-    )
-    to_record = [(f.name, _field_to_record(f)) for f in descriptor.fields if f.name not in in_body]
-    to_pb = [(f.name, _field_to_pb(f)) for f in descriptor.fields if f.name not in in_body]
-    unmapped = {f.name for f in fields(kind)} - {name for name, _ in to_record} - {"body"}
+    is_event = kind is records.Event
+    in_body = {f.name for f in descriptor.oneofs_by_name["body"].fields} if is_event else set()
+    env: dict[str, Any] = {
+        "Record": kind, "Message": message_class, "_nanos": _nanos, "_time": _time,
+        "_BODY_TO_RECORD": _BODY_TO_RECORD, "_TO_PB": _TO_PB,
+    }  # fmt: skip
+    codes = [(f.name, *_field_code(f, env)) for f in descriptor.fields if f.name not in in_body]
+    unmapped = {f.name for f in fields(kind)} - {name for name, _, _ in codes} - {"body"}
     if unmapped:
         raise TypeError(f"records.{kind.__name__} has fields {sorted(unmapped)} the message lacks")
-
-    if kind is records.Event:
-
-        def event_to_record(message: Any) -> Any:
-            which = message.WhichOneof("body")
-            if which is None:
-                raise ValueError(f"event {message.sequence} has no body")
-            values = {name: get(message) for name, get in to_record}
-            return kind(body=_BODY_TO_RECORD[which](getattr(message, which)), **values)
-
-        def event_to_pb(record: Any) -> Any:
-            values = _pb_values(record, to_pb)
-            body = record.body
-            values[body.kind] = _TO_PB[type(body)](body)
-            return message_class(**values)
-
-        _TO_RECORD[kind], _TO_PB[kind] = event_to_record, event_to_pb
-        return
-
-    def to_record_value(message: Any) -> Any:
-        return kind(**{name: get(message) for name, get in to_record})
-
-    def to_pb_value(record: Any) -> Any:
-        return message_class(**_pb_values(record, to_pb))
-
-    _TO_RECORD[kind], _TO_PB[kind] = to_record_value, to_pb_value
-
-
-def _pb_values(record: Any, plan: Iterable[tuple[str, Getter | None]]) -> dict[str, Any]:
-    values = {}
-    for name, put in plan:
-        value = getattr(record, name)
-        if put is not None:
-            value = put(value)
-            if value is None:
-                continue
-        values[name] = value
-    return values
+    to_record = ", ".join(f"{name}={code}" for name, code, _ in codes)
+    to_pb = ", ".join(f"{name}={code}" for name, _, code in codes)
+    if is_event:
+        source = (
+            "def to_record(m):\n"
+            "    which = m.WhichOneof('body')\n"
+            "    if which is None:\n"
+            "        raise ValueError(f'event {m.sequence} has no body')\n"
+            f"    return Record(body=_BODY_TO_RECORD[which](getattr(m, which)), {to_record})\n"
+            "def to_pb(r):\n"
+            "    body = r.body\n"
+            f"    return Message(**{{body.kind: _TO_PB[type(body)](body)}}, {to_pb})\n"
+        )
+    else:
+        source = (
+            f"def to_record(m):\n    return Record({to_record})\n"
+            f"def to_pb(r):\n    return Message({to_pb})\n"
+        )
+    exec(compile(source, f"<convert {kind.__name__}>", "exec"), env)
+    _SOURCES[kind] = source
+    _TO_RECORD[kind], _TO_PB[kind] = env["to_record"], env["to_pb"]
 
 
 for _kind in _MAPPED:
