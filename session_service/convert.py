@@ -2,10 +2,12 @@
 
 Driven by the descriptors: for each record class, the message of the same name
 gives its fields, and two functions are generated from them once at import, one
-each way, as a person would write them (`Session(session_id=m.session_id, ...)`),
-so that a call costs attribute reads and one constructor, no descriptor lookups
-or per-field dispatch (`print(_source(records.Session))` shows them). What each
-field kind becomes is said in `records`. Only the servicer and `storage_format`
+each way, as a person would write them (`print(_source(records.Session))` shows
+them): to a record, one constructor call reading every field; to a message, one
+constructor call given only the fields that differ from their defaults (setting
+a field in a message costs more than testing it here; `ListFields` to read only
+the set ones cost more than reading them all). What each field kind becomes is
+said in `records`. Only the servicer and `storage_format`
 call this module: the core never sees a generated message.
 """
 
@@ -74,42 +76,55 @@ def _enum_of(enum: type[records.OpenEnum]) -> Callable[[int], records.OpenEnum]:
 # Field descriptors are typed Any below: their stubs make every message_type optional.
 
 
-def _field_code(field: Any, env: dict[str, Any]) -> tuple[str, str]:
-    """(the expression of a field's record value from message `m`, the expression of
-    its message value from record `r`), adding what they call to `env`."""
+def _reading(field: Any, env: dict[str, Any]) -> str:
+    """The expression of a field's record value from message `m` (in `to_record`),
+    adding what it calls to `env`."""
     name, ref = field.name, f"field_{field.name}"  # apart from the helpers' names
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
-        return f"dict(m.{name})", f"r.{name}"
+        return f"dict(m.{name})"
     if field.type == FieldDescriptor.TYPE_ENUM:
         env[ref] = _enum_of(getattr(records, field.enum_type.name))
-        if field.is_repeated:
-            return f"[{ref}(x) for x in m.{name}]", f"r.{name}"
-        return f"{ref}(m.{name})", f"r.{name}"
+        return f"[{ref}(x) for x in m.{name}]" if field.is_repeated else f"{ref}(m.{name})"
     if field.type != FieldDescriptor.TYPE_MESSAGE:
-        return (f"list(m.{name})" if field.is_repeated else f"m.{name}"), f"r.{name}"
+        return f"list(m.{name})" if field.is_repeated else f"m.{name}"
     full_name = field.message_type.full_name
     present = f"m.HasField({name!r})"
     if full_name in _TIME_TYPES:
-        env[ref] = _TIME_TYPES[full_name]
-        return (
-            f"_nanos(m.{name}) if {present} else None",
-            f"None if r.{name} is None else _time({ref}, r.{name})",
-        )
+        return f"_nanos(m.{name}) if {present} else None"
     if full_name == _FIELD_MASK:
-        env[ref] = field_mask_pb2.FieldMask
-        return (
-            f"list(m.{name}.paths) if {present} else None",
-            f"None if r.{name} is None else {ref}(paths=r.{name})",
-        )
+        return f"list(m.{name}.paths) if {present} else None"
     sub = _record_class(field.message_type)
     _plan(sub)
-    env[f"{ref}_record"], env[f"{ref}_pb"] = _TO_RECORD[sub], _TO_PB[sub]
+    env[f"{ref}_record"] = _TO_RECORD[sub]
     if field.is_repeated:
-        return f"[{ref}_record(x) for x in m.{name}]", f"[{ref}_pb(x) for x in r.{name}]"
-    return (
-        f"{ref}_record(m.{name}) if {present} else None",
-        f"None if r.{name} is None else {ref}_pb(r.{name})",
-    )
+        return f"[{ref}_record(x) for x in m.{name}]"
+    return f"{ref}_record(m.{name}) if {present} else None"
+
+
+def _writing(field: Any, env: dict[str, Any]) -> str:
+    """The lines of `to_pb` that put a record's field `r.<name>` into `values`, when
+    it is not the default (a message: when set), adding what they call to `env`."""
+    name, ref = field.name, f"field_{field.name}"  # apart from the helpers' names
+    if field.has_presence and field.type != FieldDescriptor.TYPE_MESSAGE:
+        raise TypeError(f"{field.full_name}: a scalar with presence; map it by hand")
+    value = f"    value = r.{name}\n"
+    if field.type != FieldDescriptor.TYPE_MESSAGE or (field.message_type.GetOptions().map_entry):
+        return f"{value}    if value:\n        values[{name!r}] = value\n"
+    full_name = field.message_type.full_name
+    if full_name in _TIME_TYPES:
+        env[ref] = _TIME_TYPES[full_name]
+        put = f"_time({ref}, value)"
+    elif full_name == _FIELD_MASK:
+        env[ref] = field_mask_pb2.FieldMask
+        put = f"{ref}(paths=value)"
+    else:
+        sub = _record_class(field.message_type)
+        _plan(sub)
+        env[ref] = _TO_PB[sub]
+        if field.is_repeated:
+            return f"{value}    if value:\n        values[{name!r}] = [{ref}(x) for x in value]\n"
+        put = f"{ref}(value)"
+    return f"{value}    if value is not None:\n        values[{name!r}] = {put}\n"
 
 
 _SOURCES: dict[type[Any], str] = {}
@@ -127,32 +142,33 @@ def _plan(kind: type[Any]) -> None:
     descriptor: Any = message_class.DESCRIPTOR
     is_event = kind is records.Event
     in_body = {f.name for f in descriptor.oneofs_by_name["body"].fields} if is_event else set()
+    own = [f for f in descriptor.fields if f.name not in in_body]
+    unmapped = {f.name for f in fields(kind)} - {f.name for f in own} - {"body"}
+    if unmapped:
+        raise TypeError(f"records.{kind.__name__} has fields {sorted(unmapped)} the message lacks")
     env: dict[str, Any] = {
         "Record": kind, "Message": message_class, "_nanos": _nanos, "_time": _time,
         "_BODY_TO_RECORD": _BODY_TO_RECORD, "_TO_PB": _TO_PB,
     }  # fmt: skip
-    codes = [(f.name, *_field_code(f, env)) for f in descriptor.fields if f.name not in in_body]
-    unmapped = {f.name for f in fields(kind)} - {name for name, _, _ in codes} - {"body"}
-    if unmapped:
-        raise TypeError(f"records.{kind.__name__} has fields {sorted(unmapped)} the message lacks")
-    to_record = ", ".join(f"{name}={code}" for name, code, _ in codes)
-    to_pb = ", ".join(f"{name}={code}" for name, _, code in codes)
+    arguments = ", ".join(f"{f.name}={_reading(f, env)}" for f in own)
     if is_event:
-        source = (
+        to_record = (
             "def to_record(m):\n"
             "    which = m.WhichOneof('body')\n"
             "    if which is None:\n"
             "        raise ValueError(f'event {m.sequence} has no body')\n"
-            f"    return Record(body=_BODY_TO_RECORD[which](getattr(m, which)), {to_record})\n"
-            "def to_pb(r):\n"
-            "    body = r.body\n"
-            f"    return Message(**{{body.kind: _TO_PB[type(body)](body)}}, {to_pb})\n"
+            f"    return Record(body=_BODY_TO_RECORD[which](getattr(m, which)), {arguments})\n"
         )
     else:
-        source = (
-            f"def to_record(m):\n    return Record({to_record})\n"
-            f"def to_pb(r):\n    return Message({to_pb})\n"
-        )
+        to_record = f"def to_record(m):\n    return Record({arguments})\n"
+    body = "    body = r.body\n    values[body.kind] = _TO_PB[type(body)](body)\n"
+    to_pb = (
+        "def to_pb(r):\n    values = {}\n"
+        + (body if is_event else "")
+        + "".join(_writing(f, env) for f in own)
+        + "    return Message(**values)\n"
+    )
+    source = to_record + to_pb
     exec(compile(source, f"<convert {kind.__name__}>", "exec"), env)
     _SOURCES[kind] = source
     _TO_RECORD[kind], _TO_PB[kind] = env["to_record"], env["to_pb"]
