@@ -80,13 +80,17 @@ def _reading(field: Any, env: dict[str, Any]) -> str:
     """The expression of a field's record value from message `m` (in `to_record`),
     adding what it calls to `env`."""
     name, ref = field.name, f"field_{field.name}"  # apart from the helpers' names
+    # An empty list or map is tested before it is copied: copying costs far more.
+    each = f"(v_{name} := m.{name})"
     if field.message_type is not None and field.message_type.GetOptions().map_entry:
-        return f"dict(m.{name})"
+        return f"(dict(v_{name}.items()) if {each} else {{}})"
     if field.type == FieldDescriptor.TYPE_ENUM:
         env[ref] = _enum_of(getattr(records, field.enum_type.name))
-        return f"[{ref}(x) for x in m.{name}]" if field.is_repeated else f"{ref}(m.{name})"
+        if field.is_repeated:
+            return f"([{ref}(x) for x in v_{name}] if {each} else [])"
+        return f"{ref}(m.{name})"
     if field.type != FieldDescriptor.TYPE_MESSAGE:
-        return f"list(m.{name})" if field.is_repeated else f"m.{name}"
+        return f"(list(v_{name}) if {each} else [])" if field.is_repeated else f"m.{name}"
     full_name = field.message_type.full_name
     present = f"m.HasField({name!r})"
     if full_name in _TIME_TYPES:
@@ -97,7 +101,7 @@ def _reading(field: Any, env: dict[str, Any]) -> str:
     _plan(sub)
     env[f"{ref}_record"] = _TO_RECORD[sub]
     if field.is_repeated:
-        return f"[{ref}_record(x) for x in m.{name}]"
+        return f"([{ref}_record(x) for x in v_{name}] if {each} else [])"
     return f"{ref}_record(m.{name}) if {present} else None"
 
 
