@@ -7,8 +7,9 @@ them): to a record, one constructor call reading every field; to a message, one
 constructor call given only the fields that differ from their defaults (setting
 a field in a message costs more than testing it here; `ListFields` to read only
 the set ones cost more than reading them all). What each field kind becomes is
-said in `records`. Only the servicer and `storage_format`
-call this module: the core never sees a generated message.
+said in `records`. The servicer and `storage_format` convert through it; the core
+calls only its helpers on records (`encoded_size`, `is_valid_mask`,
+`merge_masked`), so it never sees a generated message.
 """
 
 from __future__ import annotations
