@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.servers import postgres_schema, postgres_unreachable_reason
+from session_service import convert, records
 from session_service.agents import Agents
 from session_service.conversations import Conversations, new_session_id
 from session_service.core import Core, SessionLimits
@@ -64,21 +65,26 @@ def seed(sessions: Core, count: int, messages: int) -> None:
 
     def open_all(now: float) -> None:
         agent = pb.Agent(name="bench")
-        sessions.log(now, [pb.Event(agent="bench", agent_created=pb.AgentCreated(agent=agent))])
+        created = pb.Event(agent="bench", agent_created=pb.AgentCreated(agent=agent))
+        sessions.log(now, [convert.event(created)])
         for n in range(count):
             source = pb.Source(transport="web", conversation_id=f"tab-{n}")
             key = f"agent:bench:web:tab-{n}"
-            session_id = conversations.open_session(now, "bench", new_session_id(), key, source)
+            session_id = conversations.open_session(
+                now, "bench", new_session_id(), key, convert.to_record(records.Source, source)
+            )
             index = sessions.store.session_index(session_id.session_id)
             assert index is not None
             events = [
-                pb.Event(
-                    agent="bench",
-                    session_id=index.session_id,
-                    session_version=index.version + 1 + i,
-                    message_appended=pb.MessageAppended(
-                        message=pb.Message(role=pb.ROLE_USER, content=f"message {i}")
-                    ),
+                convert.event(
+                    pb.Event(
+                        agent="bench",
+                        session_id=index.session_id,
+                        session_version=index.version + 1 + i,
+                        message_appended=pb.MessageAppended(
+                            message=pb.Message(role=pb.ROLE_USER, content=f"message {i}")
+                        ),
+                    )
                 )
                 for i in range(messages)
             ]
@@ -88,7 +94,7 @@ def seed(sessions: Core, count: int, messages: int) -> None:
     sessions.runner.submit_write(open_all).result()
 
 
-def folded_page(sessions: Core) -> list[pb.Session]:
+def folded_page(sessions: Core) -> list[records.Session | None]:
     """The page as ListSessions built it before summaries: a fold per session."""
     rows = sessions.store.list_sessions("bench", 0, "", None, PAGE)
     folded = [sessions.store.session_state(row.session_id) for row in rows]
@@ -109,7 +115,7 @@ async def measure(sessions: Core, call: Callable[[], Awaitable[Any]]) -> dict[st
 
 
 async def figures(sessions: Core) -> dict[str, Any]:
-    source = pb.Source(transport="web", conversation_id="tab-0")
+    source = records.Source(transport="web", conversation_id="tab-0")
     conversations = Conversations(sessions, Agents(sessions))
     reads = SessionReads(sessions)
     return {

@@ -37,6 +37,7 @@ from bench.servers import (
     running_server,
     temp_dir,
 )
+from session_service import convert, records
 from session_service.agents import Agents
 from session_service.app import SessionUnit
 from session_service.conversations import Conversations, new_session_id
@@ -85,9 +86,9 @@ def _seed(unit: SessionUnit, rewinds: int, say: Callable[[str], None]) -> str:
     conversations = Conversations(sessions, Agents(sessions))
 
     def open_one(now: float) -> str:
-        sessions.log(now, [pb.Event(agent="bench", agent_created=pb.AgentCreated(
-            agent=pb.Agent(name="bench")))])  # fmt: skip
-        source = pb.Source(transport="web", conversation_id="tab")
+        sessions.log(now, [convert.event(pb.Event(agent="bench", agent_created=pb.AgentCreated(
+            agent=pb.Agent(name="bench"))))])  # fmt: skip
+        source = records.Source(transport="web", conversation_id="tab")
         opened = conversations.open_session(
             now, "bench", new_session_id(), "agent:bench:web:tab", source
         )
@@ -95,13 +96,13 @@ def _seed(unit: SessionUnit, rewinds: int, say: Callable[[str], None]) -> str:
 
     session_id: str = unit.runner.submit_write(open_one).result()
 
-    def logged(now: float, bodies: list[pb.Event]) -> list[pb.Event]:
+    def logged(now: float, bodies: list[pb.Event]) -> list[records.Event]:
         index = store.session_index(session_id)
         assert index is not None
         for offset, event in enumerate(bodies):
             event.agent, event.session_id = "bench", session_id
             event.session_version = index.version + offset + 1
-        return sessions.log(now, bodies, index)
+        return sessions.log(now, [convert.event(body) for body in bodies], index)
 
     def plain(first: int, count: int, now: float) -> None:
         for i in range(first, first + count):

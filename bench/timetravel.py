@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from session_service import storage_format
+from session_service import convert, records, storage_format
 from session_service.agents import Agents
 from session_service.conversations import Conversations, new_session_id
 from session_service.core import Core, SessionLimits
@@ -64,12 +64,17 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
 
         def open_all(now: float) -> list[str]:
             agent = pb.Agent(name="bench")
-            core.log(now, [pb.Event(agent="bench", agent_created=pb.AgentCreated(agent=agent))])
+            created = pb.Event(agent="bench", agent_created=pb.AgentCreated(agent=agent))
+            core.log(now, [convert.event(created)])
             ids = []
             for n in range(sessions):
                 source = pb.Source(transport="web", conversation_id=f"tab-{n}")
                 session = conversations.open_session(
-                    now, "bench", new_session_id(), f"agent:bench:web:tab-{n}", source
+                    now,
+                    "bench",
+                    new_session_id(),
+                    f"agent:bench:web:tab-{n}",
+                    convert.to_record(records.Source, source),
                 )
                 ids.append(session.session_id)
             return ids
@@ -89,7 +94,7 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
                 event.time.FromNanoseconds(int(now * 1e9))
                 event.message_appended.message.role = pb.ROLE_USER
                 event.message_appended.message.content = f"message {seq} " + "x" * 80
-                payload = storage_format.encode_event(event)
+                payload = storage_format.encode_event(convert.event(event))
                 fmt = storage_format.CURRENT
                 rows.append((seq, "bench", session_id, "message_appended", fmt, payload, True))
             store.database.cursor().executemany(

@@ -3,14 +3,25 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Sequence
+from dataclasses import replace
 from fnmatch import fnmatchcase
 
-from google.protobuf import field_mask_pb2
-
-from session_service import permissions, replay
+from session_service import convert, permissions, replay, storage_format
 from session_service.checks import MAX_AGENT_BYTES, agent_name, checked_agent
 from session_service.core import Core
 from session_service.log_store import AgentIndex, agent_summary
+from session_service.records import (
+    Agent,
+    AgentArchived,
+    AgentCreated,
+    AgentUpdated,
+    Event,
+    MemoryDeleted,
+    MemoryPut,
+    PermissionEffect,
+)
 from switchboard import pagination, validation
 from switchboard.errors import (
     AlreadyExists,
@@ -19,7 +30,6 @@ from switchboard.errors import (
     NotFound,
     PermissionDenied,
 )
-from switchboard.session.v1 import session_service_pb2 as pb
 
 
 class Agents:
@@ -28,7 +38,7 @@ class Agents:
         self.store = core.store
         self.runner = core.runner
 
-    def live_agent(self, name: str) -> pb.Agent:
+    def live_agent(self, name: str) -> Agent:
         agent = self.store.agent_state(name)
         if agent is None:
             raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
@@ -36,7 +46,7 @@ class Agents:
             raise FailedPrecondition("AGENT_ARCHIVED", f"agent {name!r} is archived")
         return agent
 
-    def live_agent_summary(self, name: str) -> pb.Agent:
+    def live_agent_summary(self, name: str) -> Agent:
         """The live agent without its memory, from its projection row (one statement):
         enough for routing, freshness and existence checks."""
         index = self.store.agent_index(name)
@@ -47,40 +57,39 @@ class Agents:
             raise FailedPrecondition("AGENT_ARCHIVED", f"agent {name!r} is archived")
         return agent
 
-    def agent_summary_of(self, index: AgentIndex) -> pb.Agent:
+    def agent_summary_of(self, index: AgentIndex) -> Agent:
         """The agent without its memory, from its projection row (a row not summarized
         yet folds the agent: see `recovery.fill_summaries`)."""
         if index.summary is None:
             agent = self.store.agent_state(index.name)
             assert agent is not None
             return agent_summary(agent)
-        return pb.Agent.FromString(index.summary)
+        return storage_format.decode_agent_summary(index.summary)
 
-    async def create_agent(self, agent: pb.Agent) -> pb.Agent:
+    async def create_agent(self, agent: Agent) -> Agent:
         checked_agent(agent)
-        created = pb.Agent()
-        created.CopyFrom(agent)
-        for field in ("archived", "version", "last_sequence", "create_time", "update_time"):
-            created.ClearField(field)
+        created = copy.deepcopy(agent)
+        created.archived, created.version, created.last_sequence = False, 0, 0
+        created.create_time = created.update_time = None
 
-        def op(now: float) -> pb.Agent:
+        def op(now: float) -> Agent:
             if self.store.agent_index(agent.name) is not None:
                 raise AlreadyExists("AGENT_EXISTS", f"agent {agent.name!r} exists already")
             parent = self.store.agent_state(created.parent) if created.parent else None
             if parent is not None:
                 # A record of what it may never do; the parent's current rules bind it anyway.
-                inherited = [r for r in parent.permissions if r.effect == pb.PERMISSION_EFFECT_DENY]
+                inherited = [r for r in parent.permissions if r.effect == PermissionEffect.DENY]
                 created.permissions.extend(r for r in inherited if r not in created.permissions)
-            event = pb.Event(agent=agent.name, agent_created=pb.AgentCreated(agent=created))
+            event = Event(agent=agent.name, body=AgentCreated(agent=created))
             return self._change_agent(now, None, event, permissions.BOUNDED_FIELDS)
 
-        result: pb.Agent = await self.core.write(op)
+        result: Agent = await self.core.write(op)
         return result
 
-    async def get_agent(self, name: str) -> pb.Agent:
+    async def get_agent(self, name: str) -> Agent:
         agent_name("name", name)
 
-        def op() -> pb.Agent:
+        def op() -> Agent:
             agent = self.store.agent_state(name)
             if agent is None:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
@@ -90,12 +99,12 @@ class Agents:
 
     async def list_agents(
         self, include_archived: bool, page_size: int, page_token: str
-    ) -> tuple[list[pb.Agent], str]:
+    ) -> tuple[list[Agent], str]:
         size = pagination.page_size(page_size)
         position = pagination.position_of(page_token, [include_archived], str)
         after = position[0] if position else ""
 
-        def op() -> tuple[list[pb.Agent], str]:
+        def op() -> tuple[list[Agent], str]:
             rows = self.store.list_agents(after, size + 1, include_archived)
             more = len(rows) > size
             agents = [self.agent_summary_of(row) for row in rows[:size]]
@@ -104,64 +113,62 @@ class Agents:
 
         return await self.runner.read(op)
 
-    async def update_agent(self, agent: pb.Agent, mask: field_mask_pb2.FieldMask) -> pb.Agent:
+    async def update_agent(self, agent: Agent, mask: Sequence[str]) -> Agent:
+        """`mask`: the update mask's paths."""
         agent_name("agent.name", agent.name)
-        if not mask.paths:
+        if not mask:
             raise InvalidArgument("update_mask", "names no field to change")
-        for path in mask.paths:
+        for path in mask:
             if path.split(".", 1)[0] not in replay.UPDATABLE_AGENT_FIELDS:
                 raise InvalidArgument(
                     "update_mask",
                     f"{path!r} cannot be updated; use one of "
                     f"{', '.join(replay.UPDATABLE_AGENT_FIELDS)} (memory has PutMemory)",
                 )
-        if not mask.IsValidForDescriptor(pb.Agent.DESCRIPTOR):
+        if not convert.is_valid_mask(Agent, mask):
             raise InvalidArgument("update_mask", "names a field the Agent message does not have")
         checked_agent(agent)
 
-        def op(now: float) -> pb.Agent:
-            update = pb.AgentUpdated(update_mask=mask)
-            update.agent.CopyFrom(agent)
-            event = pb.Event(agent=agent.name, agent_updated=update)
-            touched = permissions.bounded_fields(mask.paths)
+        def op(now: float) -> Agent:
+            update = AgentUpdated(agent=copy.deepcopy(agent), update_mask=list(mask))
+            event = Event(agent=agent.name, body=update)
+            touched = permissions.bounded_fields(mask)
             return self._change_agent(now, self.live_agent(agent.name), event, touched)
 
-        result: pb.Agent = await self.core.write(op)
+        result: Agent = await self.core.write(op)
         return result
 
-    async def delete_agent(self, name: str) -> pb.Agent:
+    async def delete_agent(self, name: str) -> Agent:
         agent_name("name", name)
 
-        def op(now: float) -> pb.Agent:
+        def op(now: float) -> Agent:
             agent = self.store.agent_state(name)
             if agent is None:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
             if not agent.archived:
-                self.core.log(now, [pb.Event(agent=name, agent_archived=pb.AgentArchived())])
+                self.core.log(now, [Event(agent=name, body=AgentArchived())])
             archived = self.store.agent_state(name)
             assert archived is not None
             return archived
 
-        result: pb.Agent = await self.core.write(op)
+        result: Agent = await self.core.write(op)
         return result
 
-    async def put_memory(self, name: str, key: str, value: str) -> pb.Agent:
+    async def put_memory(self, name: str, key: str, value: str) -> Agent:
         agent_name("agent", name)
         validation.text("key", key, max_len=256, required=True)
         validation.text("value", value, max_len=64 * 1024, allow_newlines=True)
-        event = pb.Event(agent=name, memory_put=pb.MemoryPut(key=key, value=value))
-        return await self._agent_change(name, event)
+        event = Event(agent=name, body=MemoryPut(key=key, value=value))
+        return await self._agent_change(name, key, event)
 
-    async def delete_memory(self, name: str, key: str) -> pb.Agent:
+    async def delete_memory(self, name: str, key: str) -> Agent:
         agent_name("agent", name)
         validation.text("key", key, max_len=256, required=True)
-        event = pb.Event(agent=name, memory_deleted=pb.MemoryDeleted(key=key))
-        return await self._agent_change(name, event)
+        event = Event(agent=name, body=MemoryDeleted(key=key))
+        return await self._agent_change(name, key, event)
 
-    async def _agent_change(self, name: str, event: pb.Event) -> pb.Agent:
-        key = event.memory_put.key or event.memory_deleted.key
-
-        def op(now: float) -> pb.Agent:
+    async def _agent_change(self, name: str, key: str, event: Event) -> Agent:
+        def op(now: float) -> Agent:
             agent = self.live_agent(name)
             lineage = self.whole_lineage(agent) if agent.parent else permissions.Ancestry()
             rules = [r for a in (agent, *lineage.agents) for r in a.permissions]
@@ -175,29 +182,29 @@ class Agents:
                     )
             return self._change_agent(now, agent, event, frozenset(), lineage)
 
-        result: pb.Agent = await self.core.write(op)
+        result: Agent = await self.core.write(op)
         return result
 
     def _change_agent(
         self,
         now: float,
-        before: pb.Agent | None,
-        event: pb.Event,
+        before: Agent | None,
+        event: Event,
         touched: frozenset[str],
         lineage: permissions.Ancestry | None = None,
-    ) -> pb.Agent:
+    ) -> Agent:
         """The one path every change of an agent takes (creation, update, memory): the
         agent as the event leaves it must fit the size limit and, for a sub-agent, have
         a whole lineage and stay within every ancestor in the `touched` fields; only
         then is the event logged. `lineage`: the ancestors, when the caller read them."""
-        after = pb.Agent()
-        if before is not None:
-            after.CopyFrom(before)
+        # The fold replaces what it changes but the memory, which it edits in place.
+        after = replace(before, memory=dict(before.memory)) if before is not None else Agent()
         replay.apply_to_agent(after, event)
-        if after.ByteSize() > MAX_AGENT_BYTES:
+        size = convert.encoded_size(after)
+        if size > MAX_AGENT_BYTES:
             raise FailedPrecondition(
                 "AGENT_TOO_LARGE",
-                f"agent {after.name!r} would be {after.ByteSize()} bytes encoded; the limit is "
+                f"agent {after.name!r} would be {size} bytes encoded; the limit is "
                 f"{MAX_AGENT_BYTES}: delete memory entries (DeleteMemory) to make room",
             )
         if after.parent:
@@ -213,11 +220,11 @@ class Agents:
         self.core.log(now, [event])
         return self.live_agent(after.name)
 
-    def lineage(self, agent: pb.Agent) -> permissions.Ancestry:
+    def lineage(self, agent: Agent) -> permissions.Ancestry:
         """The agent's ancestors as they are now (one read each)."""
         return permissions.ancestry(agent, self.store.agent_state)
 
-    def whole_lineage(self, agent: pb.Agent) -> permissions.Ancestry:
+    def whole_lineage(self, agent: Agent) -> permissions.Ancestry:
         """The sub-agent's ancestors; FAILED_PRECONDITION naming the break when the chain
         is not whole (a change must not leave or keep a sub-agent hanging off nothing)."""
         lineage = self.lineage(agent)

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
 
-from session_service import permissions
+from session_service import convert, permissions
+from session_service.records import (
+    Agent,
+    EventBody,
+    Message,
+    MessageAppended,
+    OutboxQueued,
+    Role,
+    TaskSet,
+    TempStateChanged,
+)
 from switchboard import pagination, validation
 from switchboard.errors import InvalidArgument
-from switchboard.session.v1 import session_service_pb2 as pb
 
 _AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
@@ -25,6 +33,7 @@ MAX_SESSION_STATE_BYTES = 2 * 1024 * 1024
 #: What logging adds to an event beyond its input, at most, in encoded bytes: the
 #: sequence, time and versions, a redacted sender, and the answer's field framing.
 _LOGGED_EVENT_OVERHEAD = 128
+_NAMED_ROLES = frozenset(Role) - {Role.UNSPECIFIED}
 
 
 def agent_name(field: str, value: str) -> str:
@@ -62,9 +71,10 @@ def refuse_unanswerable(field: str, input_sizes: Sequence[int], remedy: str) -> 
         )
 
 
-def checked_message(field: str, message: pb.Message, max_content_bytes: int) -> pb.Message:
+def checked_message(field: str, message: Message | None, max_content_bytes: int) -> Message:
     """`max_content_bytes`: the server's limit on message content (`SessionLimits`)."""
-    if message.role == pb.ROLE_UNSPECIFIED or message.role not in pb.Role.values():
+    message = message or Message()
+    if message.role not in _NAMED_ROLES:
         raise InvalidArgument(f"{field}.role", "must be USER, ASSISTANT, SYSTEM or TOOL")
     size = len(message.content.encode("utf-8"))
     if size > max_content_bytes:
@@ -89,7 +99,7 @@ def checked_message(field: str, message: pb.Message, max_content_bytes: int) -> 
     return message
 
 
-def checked_agent(agent: pb.Agent) -> None:
+def checked_agent(agent: Agent) -> None:
     agent_name("agent.name", agent.name)
     validation.text("agent.display_name", agent.display_name, max_len=256)
     validation.text("agent.workspace_root", agent.workspace_root, max_len=1024)
@@ -99,31 +109,27 @@ def checked_agent(agent: pb.Agent) -> None:
     if agent.parent:
         agent_name("agent.parent", agent.parent)
     validation.string_map("agent.memory", agent.memory, max_entries=1000)
-    if agent.ByteSize() > MAX_AGENT_BYTES:
-        raise InvalidArgument(
-            "agent", f"is {agent.ByteSize()} bytes encoded; the limit is {MAX_AGENT_BYTES}"
-        )
+    size = convert.encoded_size(agent)
+    if size > MAX_AGENT_BYTES:
+        raise InvalidArgument("agent", f"is {size} bytes encoded; the limit is {MAX_AGENT_BYTES}")
 
 
-def checked_input(
-    index: int, event: pb.SessionEventInput, max_content_bytes: int
-) -> tuple[str, Any]:
-    """(the body's field name, the body) of an append's `index`th input."""
-    name = event.WhichOneof("body")
+def checked_input(index: int, body: EventBody | None, max_content_bytes: int) -> EventBody:
+    """The body of an append's `index`th input (None: it had none)."""
     field = f"events[{index}]"
-    if name is None:
+    if body is None:
         raise InvalidArgument(field, "has no event body")
-    body = getattr(event, name)
-    if name in ("message_appended", "outbox_queued"):
-        checked_message(f"{field}.{name}.message", body.message, max_content_bytes)
-    elif name == "task_set":
-        validation.text(f"{field}.task_set.task.task_id", body.task.task_id, max_len=256)
+    if isinstance(body, (MessageAppended, OutboxQueued)):
+        checked_message(f"{field}.{body.kind}.message", body.message, max_content_bytes)
+    elif isinstance(body, TaskSet):
+        task_id, description = (body.task.task_id, body.task.description) if body.task else ("", "")
+        validation.text(f"{field}.task_set.task.task_id", task_id, max_len=256)
         validation.text(
             f"{field}.task_set.task.description",
-            body.task.description,
+            description,
             max_len=64 * 1024,
             allow_newlines=True,
         )
-    elif name == "temp_state_changed":
+    elif isinstance(body, TempStateChanged):
         validation.string_map(f"{field}.temp_state_changed.set", body.set, max_entries=1000)
-    return name, body
+    return body

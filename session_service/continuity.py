@@ -15,8 +15,8 @@ from session_service.checks import agent_name, checked_session_id
 from session_service.conversations import Conversations
 from session_service.core import Core
 from session_service.freshness import EXPIRED, is_stale
+from session_service.records import Event, ResumeMarked, Session, SuspensionChanged
 from switchboard import validation
-from switchboard.session.v1 import session_service_pb2 as pb
 
 #: Longest resume-mark holder id (the reference gateway's instance ids are 32 characters).
 MAX_HOLDER_LEN = 128
@@ -28,30 +28,26 @@ class Continuity:
         self.agents = agents
         self.conversations = conversations
 
-    async def mark(
-        self, agent: str, session_id: str, pending: bool, holder: str = ""
-    ) -> pb.Session:
+    async def mark(self, agent: str, session_id: str, pending: bool, holder: str = "") -> Session:
         # Checked even when clearing, so a request is refused or accepted as a whole;
         # a cleared mark has no holder.
         validation.path_safe_id("holder", holder, max_len=MAX_HOLDER_LEN, required=False)
-        marked = pb.ResumeMarked(pending=pending, holder=holder if pending else "")
-        event = pb.Event(resume_marked=marked)
+        marked = ResumeMarked(pending=pending, holder=holder if pending else "")
+        event = Event(body=marked)
         return await self._change(agent, session_id, event, versioned=False)
 
-    async def suspend(self, agent: str, session_id: str, suspended: bool) -> pb.Session:
-        event = pb.Event(suspension_changed=pb.SuspensionChanged(suspended=suspended))
+    async def suspend(self, agent: str, session_id: str, suspended: bool) -> Session:
+        event = Event(body=SuspensionChanged(suspended=suspended))
         return await self._change(agent, session_id, event, versioned=True)
 
-    async def _change(
-        self, agent: str, session_id: str, event: pb.Event, versioned: bool
-    ) -> pb.Session:
+    async def _change(self, agent: str, session_id: str, event: Event, versioned: bool) -> Session:
         agent_name("agent", agent)
         checked_session_id(session_id)
 
-        def op(now: float) -> pb.Session:
+        def op(now: float) -> Session:
             index = self.core.open_session_of(agent, session_id)
-            if event.HasField("suspension_changed") and (
-                self.core.summary(session_id).suspended == event.suspension_changed.suspended
+            if isinstance(event.body, SuspensionChanged) and (
+                self.core.summary(session_id).suspended == event.body.suspended
             ):
                 return self.core.summary(session_id)  # a retry: the version moves once
             event.agent, event.session_id = agent, session_id
@@ -60,40 +56,40 @@ class Continuity:
             self.core.log(now, [event])
             return self.core.summary(session_id)
 
-        result: pb.Session = await self.core.write(op)
+        result: Session = await self.core.write(op)
         return result
 
-    async def list_resumable(self, agent: str) -> tuple[list[pb.Session], list[pb.Session]]:
+    async def list_resumable(self, agent: str) -> tuple[list[Session], list[Session]]:
         """(fresh, stale) interrupted sessions of the agent, oldest mark first. A read:
         stale ones are reported, and reset only by `expire_resumable` (or routing)."""
         agent_name("agent", agent)
 
-        def op() -> tuple[list[pb.Session], list[pb.Session]]:
+        def op() -> tuple[list[Session], list[Session]]:
             # Judged on the database's clock, as the writes that expire them are.
             return self._interrupted(agent, self.core.store.backend.now())
 
         return await self.core.runner.read(op)
 
-    async def expire_resumable(self, agent: str) -> list[pb.Session]:
+    async def expire_resumable(self, agent: str) -> list[Session]:
         """Resets the agent's stale interrupted sessions, in one transaction; answers
         them as ended."""
         agent_name("agent", agent)
 
-        def op(now: float) -> list[pb.Session]:
+        def op(now: float) -> list[Session]:
             _fresh, stale = self._interrupted(agent, now)
             for session in stale:
                 self.conversations.reset_now(now, agent, session.session_id, EXPIRED)
             return [self.core.summary(session.session_id) for session in stale]
 
-        result: list[pb.Session] = await self.core.write(op)
+        result: list[Session] = await self.core.write(op)
         return result
 
-    def _interrupted(self, agent: str, now: float) -> tuple[list[pb.Session], list[pb.Session]]:
+    def _interrupted(self, agent: str, now: float) -> tuple[list[Session], list[Session]]:
         settings = self.agents.live_agent(agent).settings
-        if settings.resume.never_resume:
+        if settings is not None and settings.resume is not None and settings.resume.never_resume:
             return [], []  # never resumed, and its marks never expire
-        fresh: list[pb.Session] = []
-        stale: list[pb.Session] = []
+        fresh: list[Session] = []
+        stale: list[Session] = []
         for index in self.core.store.resumable(agent):
             session = self.core.summary(index.session_id)
             if session.suspended:

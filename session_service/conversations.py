@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from session_service import freshness, routing
+from session_service import convert, freshness, routing
 from session_service.agents import Agents
 from session_service.checks import (
     MAX_EVENTS_PER_APPEND,
@@ -19,12 +19,28 @@ from session_service.checks import (
 )
 from session_service.core import Core
 from session_service.log_store import SessionIndex, session_entity
+from session_service.records import (
+    Event,
+    EventInput,
+    InboxPosted,
+    Lineage,
+    Message,
+    Narrowing,
+    OutboxQueued,
+    Session,
+    SessionEnded,
+    SessionOpened,
+    SessionStatus,
+    Source,
+    Task,
+    TaskSet,
+    TempStateChanged,
+)
 from switchboard import validation
 from switchboard.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument
-from switchboard.session.v1 import session_service_pb2 as pb
 
 #: The events that make a session's state bigger; history messages do not enter it.
-_STATE_GROWING = frozenset({"inbox_posted", "outbox_queued", "task_set", "temp_state_changed"})
+_STATE_GROWING = (InboxPosted, OutboxQueued, TaskSet, TempStateChanged)
 
 
 def new_session_id() -> str:
@@ -44,42 +60,38 @@ class Conversations:
         agent: str,
         session_id: str,
         routing_key: str,
-        source: pb.Source,
+        source: Source,
         temp_state: dict[str, str] | None = None,
         *,
-        lineage: pb.Lineage | None = None,
-        narrowing: Sequence[pb.Narrowing] = (),
-        task: pb.Task | None = None,
+        lineage: Lineage | None = None,
+        narrowing: Sequence[Narrowing] = (),
+        task: Task | None = None,
         inherited_message_count: int = 0,
-    ) -> pb.Session:
+    ) -> Session:
         """Logs a new session, its whole initial state in one event (a fork's history
         is its parent's, read through `lineage`, never copied)."""
-        opened = pb.SessionOpened(
+        opened = SessionOpened(
             session_id=session_id,
             routing_key=routing_key,
             source=source,
-            temp_state=temp_state,
+            temp_state=dict(temp_state or {}),
             lineage=lineage,
-            narrowing=narrowing,
+            narrowing=list(narrowing),
             task=task,
             inherited_message_count=inherited_message_count,
         )
         # Above any version a session of this id ever had (one a rewind undid, say).
         first = self.store.highest_version(session_entity(session_id)) + 1
-        event = pb.Event(
-            agent=agent, session_id=session_id, session_version=first, session_opened=opened
-        )
+        event = Event(agent=agent, session_id=session_id, session_version=first, body=opened)
         self.core.log(now, [event])
         return self.core.summary(session_id)
 
-    async def resolve(
-        self, agent: str, source: pb.Source, session_id: str
-    ) -> tuple[pb.Session, bool]:
+    async def resolve(self, agent: str, source: Source, session_id: str) -> tuple[Session, bool]:
         agent_name("agent", agent)
         if session_id:
             checked_session_id(session_id)
 
-            def join() -> tuple[pb.Session, bool]:
+            def join() -> tuple[Session, bool]:
                 self.agents.live_agent_summary(agent)
                 index = self.core.open_session_of(agent, session_id)
                 return self.core.summary(session_id, index), False
@@ -87,12 +99,12 @@ class Conversations:
             return await self.runner.read(join)
         routing.checked_source(source)
 
-        def op(now: float) -> tuple[pb.Session, bool]:
+        def op(now: float) -> tuple[Session, bool]:
             # An existing route costs two statements after the log lock: the agent's
             # row, then the route joined with its session's row.
             settings = self.agents.live_agent_summary(agent).settings
             stored = routing.stored_source(source, self.core.redactor_for(settings))
-            key = routing.routing_key(agent, stored, settings.routing)
+            key = routing.routing_key(agent, stored, settings.routing if settings else None)
             existing = self.store.routed_session(agent, key)
             if existing is not None:
                 current = self.core.summary(existing.session_id, existing)
@@ -109,12 +121,12 @@ class Conversations:
                 return self.core.summary(taken), False
             return self.open_session(now, agent, new_id, key, stored), True
 
-        result: tuple[pb.Session, bool] = await self.core.write(op)
+        result: tuple[Session, bool] = await self.core.write(op)
         return result
 
     async def spawn(
         self, agent: str, session_id: str, temp_state: dict[str, str], *, any_id: bool
-    ) -> pb.Session:
+    ) -> Session:
         """`any_id`: the caller may choose any session id (admin, or authentication
         off); others only ids in the agent's namespace, so that a taken id is never
         another agent's session."""
@@ -133,82 +145,83 @@ class Conversations:
         validation.string_map("temp_state", temp_state, max_entries=1000)
         chosen = session_id or new_session_id()
 
-        def op(now: float) -> pb.Session:
+        def op(now: float) -> Session:
             self.agents.live_agent_summary(agent)
             if self.store.session_index(chosen) is not None:
                 raise AlreadyExists("SESSION_EXISTS", f"session {chosen!r} exists already")
-            return self.open_session(now, agent, chosen, "", pb.Source(), temp_state)
+            return self.open_session(now, agent, chosen, "", Source(), temp_state)
 
-        result: pb.Session = await self.core.write(op)
+        result: Session = await self.core.write(op)
         return result
 
-    async def end(self, agent: str, session_id: str, reason: str) -> pb.Session:
+    async def end(self, agent: str, session_id: str, reason: str) -> Session:
         agent_name("agent", agent)
         checked_session_id(session_id)
         validation.text("reason", reason, max_len=256)
 
-        def op(now: float) -> pb.Session:
+        def op(now: float) -> Session:
             index = self.core.session_of(agent, session_id)
-            if index.status == pb.SESSION_STATUS_OPEN:
+            if index.status == SessionStatus.OPEN:
                 self.core.log(now, [self._ended_event(index, reason)])
             return self.core.summary(session_id)
 
-        result: pb.Session = await self.core.write(op)
+        result: Session = await self.core.write(op)
         return result
 
-    def _ended_event(self, index: SessionIndex, reason: str) -> pb.Event:
-        return pb.Event(
+    def _ended_event(self, index: SessionIndex, reason: str) -> Event:
+        return Event(
             agent=index.agent,
             session_id=index.session_id,
             session_version=index.version + 1,
-            session_ended=pb.SessionEnded(reason=reason),
+            body=SessionEnded(reason=reason),
         )
 
-    async def reset(
-        self, agent: str, session_id: str, reason: str
-    ) -> tuple[pb.Session, pb.Session]:
+    async def reset(self, agent: str, session_id: str, reason: str) -> tuple[Session, Session]:
         agent_name("agent", agent)
         checked_session_id(session_id)
         validation.text("reason", reason, max_len=256)
 
-        def op(now: float) -> tuple[pb.Session, pb.Session]:
+        def op(now: float) -> tuple[Session, Session]:
             self.agents.live_agent_summary(agent)
             fresh = self.reset_now(now, agent, session_id, reason or "reset")
             return self.core.summary(session_id), fresh
 
-        result: tuple[pb.Session, pb.Session] = await self.core.write(op)
+        result: tuple[Session, Session] = await self.core.write(op)
         return result
 
-    def reset_now(self, now: float, agent: str, session_id: str, reason: str) -> pb.Session:
+    def reset_now(self, now: float, agent: str, session_id: str, reason: str) -> Session:
         """Ends a session with a reason and opens a fresh one on its routing key."""
         index = self.core.open_session_of(agent, session_id)
         old = self.core.summary(session_id, index)
         self.core.log(now, [self._ended_event(index, reason)])
-        return self.open_session(now, agent, new_session_id(), index.routing_key, old.source)
+        return self.open_session(
+            now, agent, new_session_id(), index.routing_key, old.source or Source()
+        )
 
     async def append(
         self,
         agent: str,
         session_id: str,
         expected_version: int | None,
-        inputs: Sequence[pb.SessionEventInput],
+        inputs: Sequence[EventInput],
         echo: bool = True,
-    ) -> tuple[list[pb.Event], int, list[int]]:
+    ) -> tuple[list[Event], int, list[int]]:
         """(the events as logged, or none without `echo`; the version; their sequences).
-        An echo that would not fit one answer is refused before anything is written."""
+        `inputs`: each input's body (None: it had none) and its encoded size. An echo
+        that would not fit one answer is refused before anything is written."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         if not inputs or len(inputs) > MAX_EVENTS_PER_APPEND:
             raise InvalidArgument("events", f"give 1 to {MAX_EVENTS_PER_APPEND} events")
         bodies = [
-            checked_input(i, event, self.core.limits.max_content_bytes)
+            checked_input(i, event.body, self.core.limits.max_content_bytes)
             for i, event in enumerate(inputs)
         ]
         if echo:
-            sizes = [event.ByteSize() + len(agent) + len(session_id) for event in inputs]
+            sizes = [event.size + len(agent) + len(session_id) for event in inputs]
             refuse_unanswerable("events", sizes, "set sequences_only, or split the append")
 
-        def op(now: float) -> tuple[list[pb.Event], int, list[int]]:
+        def op(now: float) -> tuple[list[Event], int, list[int]]:
             index = self.core.open_session_of(agent, session_id)
             if expected_version is not None and expected_version != index.version:
                 raise Aborted(
@@ -217,30 +230,32 @@ class Conversations:
                     f"{expected_version}: re-read it and retry",
                     {"version": str(index.version)},
                 )
-            events = []
-            for offset, (name, body) in enumerate(bodies):
-                event = pb.Event(
-                    agent=agent, session_id=session_id, session_version=index.version + offset + 1
+            events = [
+                Event(
+                    agent=agent,
+                    session_id=session_id,
+                    session_version=index.version + offset + 1,
+                    body=body,
                 )
-                getattr(event, name).CopyFrom(body)
-                events.append(event)
+                for offset, body in enumerate(bodies)
+            ]
             self.core.redact_senders(agent, events)
             self._refuse_state_growth_past_limit(session_id, events)
             logged = self.core.log(now, events, index)
             sequences = [event.sequence for event in logged]
             return (logged if echo else []), index.version + len(events), sequences
 
-        result: tuple[list[pb.Event], int, list[int]] = await self.core.write(op)
+        result: tuple[list[Event], int, list[int]] = await self.core.write(op)
         return result
 
-    async def post_to_inbox(self, agent: str, session_id: str, message: pb.Message) -> pb.Event:
+    async def post_to_inbox(self, agent: str, session_id: str, message: Message) -> Event:
         agent_name("agent", agent)
         checked_session_id(session_id)
         checked_message("message", message, self.core.limits.max_content_bytes)
-        size = message.ByteSize() + len(agent) + len(session_id)
+        size = convert.encoded_size(message) + len(agent) + len(session_id)
         refuse_unanswerable("message", [size], "shorten the message")
 
-        result: pb.Event = await self.core.write(
+        result: Event = await self.core.write(
             lambda now: self.post(now, agent, session_id, message)
         )
         return result
@@ -250,29 +265,29 @@ class Conversations:
         now: float,
         agent: str,
         session_id: str,
-        message: pb.Message,
+        message: Message,
         redact: bool | None = None,
-    ) -> pb.Event:
+    ) -> Event:
         """Puts a message into an open session's inbox (in the caller's transaction).
         `redact`: whether its sender is hashed (None: as the agent's settings say)."""
         index = self.core.open_session_of(agent, session_id)
-        posted = pb.Event(
+        posted = Event(
             agent=agent,
             session_id=session_id,
             session_version=index.version,  # unversioned: never conflicts with a turn
-            inbox_posted=pb.InboxPosted(message=message),
+            body=InboxPosted(message=message),
         )
         self.core.redact_senders(agent, [posted], redact)
         self._refuse_state_growth_past_limit(session_id, [posted])
         return self.core.log(now, [posted], index)[0]
 
-    def _refuse_state_growth_past_limit(self, session_id: str, events: Sequence[pb.Event]) -> None:
-        growth = sum(e.ByteSize() for e in events if e.WhichOneof("body") in _STATE_GROWING)
+    def _refuse_state_growth_past_limit(self, session_id: str, events: Sequence[Event]) -> None:
+        growth = sum(convert.encoded_size(e) for e in events if isinstance(e.body, _STATE_GROWING))
         if not growth:
             return  # plain history appends never read the state: the hot path stays cheap
         state = self.store.session_state(session_id)
         assert state is not None
-        if state.ByteSize() + growth > MAX_SESSION_STATE_BYTES:
+        if convert.encoded_size(state) + growth > MAX_SESSION_STATE_BYTES:
             raise FailedPrecondition(
                 "SESSION_STATE_TOO_LARGE",
                 f"session {session_id!r} would hold more than {MAX_SESSION_STATE_BYTES} bytes "

@@ -9,20 +9,23 @@ transaction through `Projection.project`, the one function a rebuild replays too
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from session_service import pii
+from session_service import pii, storage_format
 from session_service.log_store import LogStore, SessionIndex
 from session_service.projection import Projection
+from session_service.records import (
+    CARRYING_MESSAGES,
+    AgentSettings,
+    Event,
+    Session,
+    SessionStatus,
+)
 from session_service.watching import Watching, WatchLimits
 from switchboard.errors import FailedPrecondition, NotFound
 from switchboard.idempotency import DEFAULT_WINDOW_S
 from switchboard.runner import TransactionRunner
-from switchboard.session.v1 import session_service_pb2 as pb
-
-#: The events that carry a message, whose sender is a platform user id.
-_CARRYING_MESSAGES = ("message_appended", "outbox_queued", "inbox_posted")
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,15 @@ class SessionLimits:
     request_id_window_s: float = DEFAULT_WINDOW_S
 
 
-def _messages_of(events: Sequence[pb.Event]) -> list[pb.Message]:
-    """The messages the events carry (references: changing one changes its event)."""
-    bodies = [(event, event.WhichOneof("body")) for event in events]
-    return [getattr(event, body).message for event, body in bodies if body in _CARRYING_MESSAGES]
+def _raw_senders(events: Sequence[Event]) -> list[Event]:
+    """The events carrying a message whose sender is a person's raw id."""
+    return [
+        event
+        for event in events
+        if isinstance(event.body, CARRYING_MESSAGES)
+        and event.body.message is not None
+        and pii.sender_is_raw(event.body.message.sender)
+    ]
 
 
 class Core:
@@ -72,8 +80,8 @@ class Core:
         self.watching = Watching(runner, store, watch_limits, self._watchable)
 
     def log(
-        self, now: float, events: Sequence[pb.Event], session: SessionIndex | None = None
-    ) -> list[pb.Event]:
+        self, now: float, events: Sequence[Event], session: SessionIndex | None = None
+    ) -> list[Event]:
         """Appends events and keeps the projections and snapshots with them. `session`:
         the projection row of the events' session as the caller read it in this
         transaction (under the log lock), so that it is not read again."""
@@ -99,48 +107,54 @@ class Core:
 
     def open_session_of(self, agent: str, session_id: str) -> SessionIndex:
         index = self.session_of(agent, session_id)
-        if index.status != pb.SESSION_STATUS_OPEN:
+        if index.status != SessionStatus.OPEN:
             raise FailedPrecondition(
                 "SESSION_ENDED", f"session {session_id!r} has ended; resolve or spawn a new one"
             )
         return index
 
-    def summary(self, session_id: str, index: SessionIndex | None = None) -> pb.Session:
+    def summary(self, session_id: str, index: SessionIndex | None = None) -> Session:
         """The session as its projection row keeps it: one statement, none when the
         caller passes the row it read in this transaction."""
         index = index or self.store.session_index(session_id)
         assert index is not None, f"no session {session_id!r}"
         if index.summary is None:  # a row not summarized yet (see `recovery.fill_summaries`)
             state = self.store.session_state(session_id)
-            assert state is not None
+            assert state is not None and state.session is not None
             return state.session
-        return pb.Session.FromString(index.summary)
+        return storage_format.decode_session_summary(index.summary)
 
-    def redactor_for(self, settings: pb.AgentSettings) -> pii.Redactor | None:
+    def redactor_for(self, settings: AgentSettings | None) -> pii.Redactor | None:
         """The redactor when the agent redacts PII, else None (ids stored as given)."""
-        return self.redactor if settings.redact_pii else None
+        return self.redactor if settings is not None and settings.redact_pii else None
 
     def redacts_pii(self, agent: str) -> bool:
         """The agent's setting, read from its state: 2 statements (the latest
         snapshot, the events after it)."""
         state = self.store.agent_state(agent)
-        return state is not None and state.settings.redact_pii
+        return state is not None and state.settings is not None and state.settings.redact_pii
 
     def redact_senders(
-        self, agent: str, events: Sequence[pb.Event], redact: bool | None = None
+        self, agent: str, events: Sequence[Event], redact: bool | None = None
     ) -> None:
         """Hashes the senders of the events' messages when `redact` (None: when the
         agent's settings say so). The agent is read only if some sender is a person's
         raw id: appends without senders, with agents as senders, or with senders
         stored redacted before (a turn's inbox moved into its history) cost nothing."""
-        raw = [message for message in _messages_of(events) if pii.sender_is_raw(message.sender)]
+        raw = _raw_senders(events)
         if not raw:
             return
         if redact is None:
             redact = self.redacts_pii(agent)
-        if redact:
-            for message in raw:
-                message.sender = self.redactor.sender(message.sender)
+        if not redact:
+            return
+        for event in raw:
+            # New values, never edits: the bodies may be the caller's input, which a
+            # retried transaction must find as it was.
+            body = event.body
+            assert isinstance(body, CARRYING_MESSAGES) and body.message is not None
+            sender = self.redactor.sender(body.message.sender)
+            event.body = replace(body, message=replace(body.message, sender=sender))
 
     def _watchable(self, agent: str, session_id: str) -> None:
         if agent:

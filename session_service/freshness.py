@@ -9,44 +9,44 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from switchboard.proto_time import seconds_of
-from switchboard.session.v1 import session_service_pb2 as pb
+from session_service.records import AgentSettings, ResetMode, ResetPolicy, ResumePolicy, Session
 
 DEFAULT_FRESHNESS_S = 3600.0
 EXPIRED = "resume_pending_expired"
 
 
-def _freshness_window(settings: pb.AgentSettings) -> float:
-    if settings.resume.HasField("freshness_window"):
-        return seconds_of(settings.resume.freshness_window)
+def _freshness_window(resume: ResumePolicy) -> float:
+    if resume.freshness_window is not None:
+        return resume.freshness_window / 1e9
     return DEFAULT_FRESHNESS_S
 
 
-def is_stale(settings: pb.AgentSettings, session: pb.Session, now: float) -> bool:
+def is_stale(settings: AgentSettings | None, session: Session, now: float) -> bool:
     """A resume mark older than the window; never with the gate off (window <= 0)."""
-    if not session.resume_pending or settings.resume.never_resume:
+    resume = (settings.resume if settings is not None else None) or ResumePolicy()
+    if not session.resume_pending or resume.never_resume:
         return False
-    window = _freshness_window(settings)
-    marked = session.resume_marked_time.ToNanoseconds() / 1e9
+    window = _freshness_window(resume)
+    marked = (session.resume_marked_time or 0) / 1e9
     return window > 0 and now - marked > window
 
 
-def reset_reason(settings: pb.AgentSettings, session: pb.Session, now: float) -> str | None:
+def reset_reason(settings: AgentSettings | None, session: Session, now: float) -> str | None:
     """Why routing a new message should reset this session first, if it should."""
     if session.suspended:
         return None
     if is_stale(settings, session, now):
         return EXPIRED
-    policy = settings.reset
-    last_activity = session.update_time.ToNanoseconds() / 1e9
+    policy = (settings.reset if settings is not None else None) or ResetPolicy()
+    last_activity = (session.update_time or 0) / 1e9
     idle_for = now - last_activity
     if (
-        policy.mode == pb.RESET_MODE_IDLE
-        and policy.HasField("idle_after")
-        and idle_for > seconds_of(policy.idle_after)
+        policy.mode == ResetMode.IDLE
+        and policy.idle_after is not None
+        and idle_for > policy.idle_after / 1e9
     ):
         return "idle"
-    if policy.mode == pb.RESET_MODE_DAILY:
+    if policy.mode == ResetMode.DAILY:
         boundary = datetime.fromtimestamp(now, UTC).replace(
             hour=policy.daily_at_hour % 24, minute=0, second=0, microsecond=0
         )

@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass
 
 from session_service.checks import agent_name, checked_session_id
 from session_service.core import Core
+from session_service.records import EVENT_BODIES, Checkpoint, Event, LogBranch
+from session_service.time_travel import checkpoint_of
 from switchboard import pagination, validation
 from switchboard.errors import InvalidArgument
-from switchboard.proto_time import timestamp
-from switchboard.session.v1 import session_service_pb2 as pb
 
 #: The names ListLogEvents accepts as event types: Event's body fields.
-EVENT_TYPES = frozenset(f.name for f in pb.Event.DESCRIPTOR.oneofs_by_name["body"].fields)
+EVENT_TYPES = frozenset(body.kind for body in EVENT_BODIES)
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class LogQuery:
     agent: str = ""
     session_id: str = ""
     event_types: tuple[str, ...] = ()
-    branch: int = pb.LOG_BRANCH_UNSPECIFIED
+    branch: int = LogBranch.UNSPECIFIED
 
     def checked(self) -> LogQuery:
         validation.int64("after_sequence", self.after)
@@ -44,7 +44,7 @@ class LogQuery:
                     f"{name[:70]!r} is not an event type; use Event's body field names, "
                     "e.g. message_appended, session_opened, rewound",
                 )
-        if self.branch not in pb.LogBranch.values():
+        if self.branch not in set(LogBranch):
             raise InvalidArgument("branch", f"{self.branch} is not a known LogBranch")
         return self
 
@@ -56,15 +56,16 @@ class LogReads:
 
     async def events(
         self, query: LogQuery, page_size: int, page_token: str
-    ) -> tuple[list[pb.LogEntry], str]:
-        """A page of the log in sequence order, and the next page's token."""
+    ) -> tuple[list[tuple[Event, bool]], str]:
+        """A page of the log in sequence order, each event with whether it is
+        abandoned, and the next page's token."""
         query.checked()
         size = pagination.page_size(page_size)
         filters = ["log", asdict(query)]
         position = pagination.position_of(page_token, filters, int)
         after = query.after if position is None else position[0]
 
-        def op() -> tuple[list[pb.LogEntry], str]:
+        def op() -> tuple[list[tuple[Event, bool]], str]:
             found, more = self.store.log_page(
                 after,
                 query.before or None,
@@ -75,26 +76,22 @@ class LogReads:
                 size,
                 pagination.MAX_ANSWER_BYTES,
             )
-            entries = [pb.LogEntry(event=event, abandoned=gone) for event, gone in found]
             last = found[-1][0].sequence if found else 0
-            return entries, pagination.encode([last], filters) if more else ""
+            return found, pagination.encode([last], filters) if more else ""
 
         return await self.core.runner.read(op)
 
-    async def checkpoints(self, page_size: int, page_token: str) -> tuple[list[pb.Checkpoint], str]:
+    async def checkpoints(self, page_size: int, page_token: str) -> tuple[list[Checkpoint], str]:
         """A page of checkpoints, oldest first, and the next page's token."""
         size = pagination.page_size(page_size)
         position = pagination.position_of(page_token, ["checkpoints"], int, str)
         after = None if position is None else (position[0], position[1])
 
-        def op() -> tuple[list[pb.Checkpoint], str]:
+        def op() -> tuple[list[Checkpoint], str]:
             rows = self.store.checkpoints_page(after, size + 1)
             more = len(rows) > size
             rows = rows[:size]
-            page = [
-                pb.Checkpoint(label=label, sequence=seq, create_time=timestamp(at))
-                for label, seq, at in rows
-            ]
+            page = [checkpoint_of(label, seq, at) for label, seq, at in rows]
             token = pagination.encode([rows[-1][1], rows[-1][0]], ["checkpoints"]) if more else ""
             return page, token
 

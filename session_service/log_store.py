@@ -18,13 +18,22 @@ from typing import Any, TypeVar
 
 import peewee
 
-from session_service import replay, storage_format
+from session_service import convert, replay, storage_format
+from session_service.records import (
+    Agent,
+    Event,
+    LogBranch,
+    MessageAppended,
+    Role,
+    Session,
+    SessionState,
+    SessionStatus,
+)
 from session_service.timeline import Timeline
 from switchboard import pagination
 from switchboard.database import Backend, bind_model, dicts, tuples
-from switchboard.session.v1 import session_service_pb2 as pb
 
-S = TypeVar("S", pb.Agent, pb.SessionState)
+S = TypeVar("S", Agent, SessionState)
 
 
 class LogHeadRow(peewee.Model):
@@ -172,7 +181,7 @@ class SessionIndex:
     version: int
     snapshot_version: int
     resume_pending: bool = False
-    #: The session's `pb.Session` as the fold of its events leaves it (serialized,
+    #: The session's `Session` as the fold of its events leaves it (serialized,
     #: deterministic), so that lists, GetSession and routing read one row instead of
     #: rebuilding the state. None: not projected yet (a row from before migration 4,
     #: or one written without it); `put_session_index` then folds it.
@@ -188,7 +197,7 @@ class AgentIndex:
     version: int
     last_seq: int
     snapshot_version: int
-    #: The agent's `pb.Agent` without its memory as the fold leaves it (serialized,
+    #: The agent's `Agent` without its memory as the fold leaves it (serialized,
     #: deterministic): what routing and lists need. None as for `SessionIndex.summary`.
     summary: bytes | None = None
 
@@ -197,17 +206,14 @@ _SESSION_COLUMNS = tuple(SessionIndex.__dataclass_fields__)
 _AGENT_COLUMNS = tuple(AgentIndex.__dataclass_fields__)
 
 
-def serialized_summary(summary: pb.Session | pb.Agent) -> bytes:
+def serialized_summary(summary: Session | Agent) -> bytes:
     """A projection row's summary: deterministic, so that a rebuild writes the same bytes."""
-    return summary.SerializeToString(deterministic=True)
+    return storage_format.encode_summary(summary)
 
 
-def agent_summary(agent: pb.Agent) -> pb.Agent:
+def agent_summary(agent: Agent) -> Agent:
     """The agent as its projection row keeps it: everything but its memory."""
-    summary = pb.Agent()
-    summary.CopyFrom(agent)
-    summary.ClearField("memory")
-    return summary
+    return replace(agent, memory={})
 
 
 def _agent_index(row: Sequence[Any]) -> AgentIndex:
@@ -317,7 +323,7 @@ class LogStore:
         ).fetchall()
         return {int(row[0]) for row in rows}
 
-    def _payloads(self, sql: str, params: Sequence[Any]) -> list[pb.Event]:
+    def _payloads(self, sql: str, params: Sequence[Any]) -> list[Event]:
         """The events of a statement selecting (format, payload)."""
         rows = self.database.execute_sql(sql, params).fetchall()
         return [storage_format.decode_event(int(fmt), payload) for fmt, payload in rows]
@@ -479,7 +485,7 @@ class LogStore:
             f"SELECT seq FROM session_log_head WHERE id = 1{self.backend.for_update}"
         )
 
-    def append(self, events: Sequence[pb.Event], now: float) -> list[pb.Event]:
+    def append(self, events: Sequence[Event], now: float) -> list[Event]:
         """Gives the events the next sequences (in this transaction) and logs them."""
         row = self.database.execute_sql(
             self._sql("UPDATE session_log_head SET seq = seq + ? WHERE id = 1 RETURNING seq"),
@@ -489,13 +495,13 @@ class LogStore:
         rows = []
         for offset, event in enumerate(events):
             event.sequence = first + offset
-            event.time.FromNanoseconds(int(now * 1e9))
+            event.time = int(now * 1e9)
             rows.append(
                 (
                     event.sequence,
                     event.agent,
                     event.session_id or None,
-                    event.WhichOneof("body"),
+                    event.body.kind,
                     storage_format.CURRENT,
                     storage_format.encode_event(event),
                     _tool_ref(event),
@@ -513,7 +519,7 @@ class LogStore:
         limit: int,
         agent: str = "",
         session_id: str = "",
-    ) -> list[pb.Event]:
+    ) -> list[Event]:
         query = self.Event.select(self.Event.format, self.Event.payload).where(
             self.Event.seq > after_seq
         )
@@ -533,7 +539,7 @@ class LogStore:
         max_bytes: int,
         agent: str = "",
         session_id: str = "",
-    ) -> tuple[list[pb.Event], bool]:
+    ) -> tuple[list[Event], bool]:
         """Up to `limit` events after `after_seq` (up to `until_seq`) filtered as `read`,
         stopping before the one that would pass `max_bytes` (the first always comes), in
         one statement; and whether more are left. Rows past the budget come back as
@@ -588,7 +594,7 @@ class LogStore:
         entity: str,
         after_seq: int,
         until: int | None = None,
-    ) -> list[pb.Event]:
+    ) -> list[Event]:
         _, where, key = _entity_filter(entity)
         bound = "" if until is None else " AND seq <= ?"
         sql = self._sql(
@@ -612,7 +618,7 @@ class LogStore:
         include_abandoned: bool,
         budget: int,
         shared: bool = False,
-    ) -> tuple[list[pb.Event], bool]:
+    ) -> tuple[list[Event], bool]:
         """The oldest (or `newest`) history messages in (after, before), at most `limit`
         and `budget` bytes, oldest first; and whether more lie beyond them. `shared`:
         the session is a fork sharing its ancestors' history (see `LineageRow`)."""
@@ -633,10 +639,10 @@ class LogStore:
         segments = [(session_id, None), *self._ancestors(session_id)]
         if not newest:
             segments.reverse()
-        events: list[pb.Event] = []
+        events: list[Event] = []
         for number, (entity, until) in enumerate(segments):
             where, segment_params = _segment(entity, until, conditions, params)
-            left = budget - sum(event.ByteSize() for event in events)
+            left = budget - sum(convert.encoded_size(event) for event in events)
             page, more = self._sized_page(
                 where, segment_params, newest, limit - len(events), left, first_always=not events
             )
@@ -680,9 +686,9 @@ class LogStore:
         branch: int,
         limit: int,
         budget: int,
-    ) -> tuple[list[tuple[pb.Event, bool]], bool]:
+    ) -> tuple[list[tuple[Event, bool]], bool]:
         """A page of the global log in sequence order, each event with whether it is
-        abandoned (`branch`: a pb.LogBranch); and whether more match after it."""
+        abandoned (`branch`: a LogBranch); and whether more match after it."""
         where, params = "seq > ?", list[Any]([after_seq])
         for column, value in (("agent", agent), ("session_id", session_id)):
             if value:
@@ -694,9 +700,9 @@ class LogStore:
         if kinds:
             where += f" AND kind IN ({', '.join('?' for _ in kinds)})"
             params.extend(kinds)
-        if branch in (pb.LOG_BRANCH_ACTIVE, pb.LOG_BRANCH_ABANDONED):
+        if branch in (LogBranch.ACTIVE, LogBranch.ABANDONED):
             where += " AND active = ?"
-            params.append(branch == pb.LOG_BRANCH_ACTIVE)
+            params.append(branch == LogBranch.ACTIVE)
         events, more = self._sized_page(where, params, False, limit, budget)
         abandoned = self.abandoned_among([event.sequence for event in events])
         return [(event, event.sequence in abandoned) for event in events], more
@@ -709,7 +715,7 @@ class LogStore:
         limit: int,
         budget: int,
         first_always: bool = True,
-    ) -> tuple[list[pb.Event], bool]:
+    ) -> tuple[list[Event], bool]:
         """Events matching `where`, by sequence (from the top when `descending`), as many
         as `limit` and `budget` bytes allow, returned oldest first; and whether more
         match. Two statements: the rows' sizes (the payloads' lengths, which the
@@ -776,7 +782,7 @@ class LogStore:
             return None
         return int(row[0]), storage_format.decode_state(kind, int(row[1]), row[2])
 
-    def save_snapshot(self, entity: str, seq: int, state: pb.SessionState | pb.Agent) -> None:
+    def save_snapshot(self, entity: str, seq: int, state: SessionState | Agent) -> None:
         """`seq` is the last event folded into `state`, and states fold only active
         events; snapshots are written under the log's write lock, which every move
         takes too, so the sequence is still active here."""
@@ -793,19 +799,17 @@ class LogStore:
 
     # -- states -----------------------------------------------------------------------------
 
-    def agent_state(self, name: str) -> pb.Agent | None:
-        return self._state(agent_entity(name), pb.Agent, replay.apply_to_agent)
+    def agent_state(self, name: str) -> Agent | None:
+        return self._state(agent_entity(name), Agent, replay.apply_to_agent)
 
-    def session_state(self, session_id: str, until: int | None = None) -> pb.SessionState | None:
-        return self._state(
-            session_entity(session_id), pb.SessionState, replay.apply_to_session, until
-        )
+    def session_state(self, session_id: str, until: int | None = None) -> SessionState | None:
+        return self._state(session_entity(session_id), SessionState, replay.apply_to_session, until)
 
     def _state(
         self,
         entity: str,
         kind: type[S],
-        apply: Callable[[S, pb.Event], None],
+        apply: Callable[[S, Event], None],
         until: int | None = None,
     ) -> S | None:
         """Latest snapshot + the entity's later events (up to `until`); None for an
@@ -858,7 +862,11 @@ class LogStore:
     def put_session_index(self, index: SessionIndex) -> None:
         if index.summary is None:  # written without one (a rewind's refresh): fold it
             state = self.session_state(index.session_id)
-            summary = None if state is None else serialized_summary(state.session)
+            summary = (
+                None
+                if state is None or state.session is None
+                else serialized_summary(state.session)
+            )
             index = replace(index, summary=summary)
         self._write(self._upsert_session, [getattr(index, column) for column in _SESSION_COLUMNS])
 
@@ -884,7 +892,7 @@ class LogStore:
         query = self.Session.select().where(
             (self.Session.agent == agent)
             & (self.Session.resume_pending == True)  # noqa: E712 - SQL, not Python
-            & (self.Session.status == pb.SESSION_STATUS_OPEN)
+            & (self.Session.status == SessionStatus.OPEN)
         )
         return [_session_index(row) for row in dicts(query.order_by(self.Session.created_seq))]
 
@@ -988,7 +996,7 @@ class LogStore:
     def drop_routes_to(self, session_ids: Iterable[str]) -> None:
         self.Route.delete().where(self.Route.session_id.in_(list(session_ids))).execute()
 
-    def active_events(self, batch: int = 5000) -> Iterable[pb.Event]:
+    def active_events(self, batch: int = 5000) -> Iterable[Event]:
         """Every active event except rewind records, in order (what a rebuild replays)."""
         after = 0
         while True:
@@ -1023,11 +1031,11 @@ def _entity_filter(entity: str) -> tuple[str, str, str]:
     return kind, where, key
 
 
-def _tool_ref(event: pb.Event) -> str | None:
-    if event.WhichOneof("body") != "message_appended":
+def _tool_ref(event: Event) -> str | None:
+    if not isinstance(event.body, MessageAppended) or event.body.message is None:
         return None
-    message = event.message_appended.message
-    if message.role == pb.ROLE_TOOL and message.tool_call_id:
+    message = event.body.message
+    if message.role == Role.TOOL and message.tool_call_id:
         return f"r:{message.tool_call_id}"
     if message.tool_calls:
         return "c:" + "\n".join(call.id for call in message.tool_calls)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from session_service import permissions, pii, routing
+from session_service import convert, permissions, pii, routing
 from session_service.agents import Agents
 from session_service.checks import (
     agent_name,
@@ -21,10 +21,19 @@ from session_service.checks import (
 )
 from session_service.conversations import Conversations, new_session_id
 from session_service.core import Core
+from session_service.records import (
+    Agent,
+    Event,
+    Lineage,
+    Message,
+    Narrowing,
+    PermissionChecked,
+    Session,
+    Source,
+)
 from switchboard import validation
 from switchboard.errors import FailedPrecondition, InvalidArgument, PermissionDenied
 from switchboard.idempotency import NotAnAnswer
-from switchboard.session.v1 import session_service_pb2 as pb
 
 
 @dataclass(frozen=True)
@@ -32,7 +41,7 @@ class Refused(NotAnAnswer):
     """A denial, committed as an audit event and carried out of the transaction
     (not remembered under a request id: the caller sees an error)."""
 
-    decision: pb.PermissionChecked
+    decision: PermissionChecked
 
 
 class MultiAgent:
@@ -46,39 +55,39 @@ class MultiAgent:
 
     def _decide(
         self, now: float, agent: str, session_id: str, action: str, resource: str
-    ) -> tuple[pb.PermissionChecked, int]:
+    ) -> tuple[PermissionChecked, int]:
         """Decides for the session and records the decision in its log."""
         owner = self.agents.live_agent(agent)
         index = self.core.open_session_of(agent, session_id)
         state = self.store.session_state(session_id)
-        assert state is not None
+        assert state is not None and state.session is not None
         # The owner's ancestors, read once: their current rules bound a sub-agent.
         lineage = self.agents.lineage(owner)
         decision = permissions.decide(owner, state.session.narrowing, action, resource, lineage)
-        checked = pb.PermissionChecked(
+        checked = PermissionChecked(
             action=action,
             resource=resource,
             allowed=decision.allowed,
             rule=decision.rule,
             reason=decision.reason,
         )
-        event = pb.Event(
+        event = Event(
             agent=agent,
             session_id=session_id,
             session_version=index.version,  # an audit record: never conflicts with a turn
-            permission_checked=checked,
+            body=checked,
         )
         [logged] = self.core.log(now, [event])
         return checked, logged.sequence
 
     async def check(
         self, agent: str, session_id: str, action: str, resource: str
-    ) -> tuple[pb.PermissionChecked, int]:
+    ) -> tuple[PermissionChecked, int]:
         agent_name("agent", agent)
         checked_session_id(session_id)
         validation.text("action", action, max_len=256, required=True)
         validation.text("resource", resource, max_len=1024)
-        result: tuple[pb.PermissionChecked, int] = await self.core.write(
+        result: tuple[PermissionChecked, int] = await self.core.write(
             lambda now: self._decide(now, agent, session_id, action, resource)
         )
         return result
@@ -112,13 +121,13 @@ class MultiAgent:
     # -- forks ------------------------------------------------------------------------------
 
     async def fork(
-        self, agent: str, session_id: str, at_sequence: int, narrowing: pb.Narrowing
-    ) -> pb.Session:
+        self, agent: str, session_id: str, at_sequence: int, narrowing: Narrowing
+    ) -> Session:
         agent_name("agent", agent)
         checked_session_id(session_id)
         permissions.checked_rules("narrowing.rules", narrowing.rules)
 
-        def op(now: float) -> pb.Session:
+        def op(now: float) -> Session:
             self.agents.live_agent(agent)
             source = self.core.session_of(agent, session_id)
             at = at_sequence or source.last_seq
@@ -133,13 +142,13 @@ class MultiAgent:
                     "FORK_FROM_ABANDONED", f"sequence {at} lies on an abandoned branch"
                 )
             state = self.store.session_state(session_id, until=at)
-            assert state is not None
+            assert state is not None and state.session is not None
             layers = list(state.session.narrowing)
             if narrowing.rules:
                 layers.append(narrowing)
             # The history up to `at` is the parent's (and its ancestors'): read through
             # the lineage, so a fork writes one event whatever the history's length.
-            lineage = pb.Lineage(
+            lineage = Lineage(
                 parent_session_id=session_id,
                 parent_agent=agent,
                 forked_at_sequence=at,
@@ -150,49 +159,47 @@ class MultiAgent:
                 agent,
                 new_session_id(),
                 "",
-                state.session.source,
+                state.session.source or Source(),
                 dict(state.temp_state),
                 lineage=lineage,
                 narrowing=layers,
-                task=state.current_task if state.HasField("current_task") else None,
+                task=state.current_task,
                 inherited_message_count=state.session.message_count,
             )
 
-        result: pb.Session = await self.core.write(op)
+        result: Session = await self.core.write(op)
         return result
 
     # -- other agents -----------------------------------------------------------------------
 
-    def _redacts_between(self, sender: str, receiver: pb.Agent, message: pb.Message) -> bool:
+    def _redacts_between(self, sender: str, receiver: Agent, message: Message) -> bool:
         """Whether a message between agents is stored with its sender hashed: when
         either agent redacts PII (the receiver stores it; the sender's users were
         promised their ids are not kept). The sender's agent is read only when the
         receiver does not redact and the sender id is raw."""
-        if receiver.settings.redact_pii:
+        if receiver.settings is not None and receiver.settings.redact_pii:
             return True
         if not pii.sender_is_raw(message.sender):
             return False
         return self.core.redacts_pii(sender)
 
     async def delegate(
-        self, agent: str, session_id: str, to_agent: str, task: pb.Message, context: str
-    ) -> tuple[pb.Session, bool]:
+        self, agent: str, session_id: str, to_agent: str, task: Message, context: str
+    ) -> tuple[Session, bool]:
         agent_name("agent", agent)
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
         validation.routing_key("context", context or "default", max_len=256)
         checked_message("task", task, self.core.limits.max_content_bytes)
-        source = pb.Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
+        source = Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
 
-        def then(now: float) -> tuple[pb.Session, bool]:
+        def then(now: float) -> tuple[Session, bool]:
             receiver = self.agents.live_agent(to_agent)
-            key = routing.routing_key(to_agent, source, pb.RoutingPolicy())
+            key = routing.routing_key(to_agent, source, None)
             existing = self.store.route(to_agent, key)
             created = existing is None
             if existing is None:
-                lineage = pb.Lineage(
-                    parent_session_id=session_id, parent_agent=agent, delegated=True
-                )
+                lineage = Lineage(parent_session_id=session_id, parent_agent=agent, delegated=True)
                 existing = self.conversations.open_session(
                     now, to_agent, new_session_id(), key, source, lineage=lineage
                 ).session_id
@@ -200,7 +207,7 @@ class MultiAgent:
             self.conversations.post(now, to_agent, existing, task, redact)
             return self.core.summary(existing), created
 
-        result: tuple[pb.Session, bool] = await self._gated(
+        result: tuple[Session, bool] = await self._gated(
             agent, session_id, "peer.delegate", f"agent:{to_agent}", then
         )
         return result
@@ -210,10 +217,10 @@ class MultiAgent:
         agent: str,
         session_id: str,
         to_agent: str,
-        source: pb.Source | None,
+        source: Source | None,
         to_session_id: str,
-        message: pb.Message,
-    ) -> pb.Event:
+        message: Message,
+    ) -> Event:
         agent_name("agent", agent)
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
@@ -224,17 +231,19 @@ class MultiAgent:
             checked_session_id(to_session_id)
         else:
             raise InvalidArgument("target", "give the receiving session's source or id")
-        size = message.ByteSize() + len(to_agent) + len(to_session_id) + 128  # a routed id
+        size = (
+            convert.encoded_size(message) + len(to_agent) + len(to_session_id) + 128
+        )  # a routed id
         refuse_unanswerable("message", [size], "shorten the message")
 
-        def then(now: float) -> pb.Event:
+        def then(now: float) -> Event:
             receiver = self.agents.live_agent(to_agent)
             settings = receiver.settings
             target = to_session_id
             if source is not None:
                 # The receiver's setting alone: its own gateway routes this chat so too.
                 stored = routing.stored_source(source, self.core.redactor_for(settings))
-                key = routing.routing_key(to_agent, stored, settings.routing)
+                key = routing.routing_key(to_agent, stored, settings.routing if settings else None)
                 target = (
                     self.store.route(to_agent, key)
                     or self.conversations.open_session(
@@ -244,7 +253,5 @@ class MultiAgent:
             redact = self._redacts_between(agent, receiver, message)
             return self.conversations.post(now, to_agent, target, message, redact)
 
-        result: pb.Event = await self._gated(
-            agent, session_id, "peer.send", f"agent:{to_agent}", then
-        )
+        result: Event = await self._gated(agent, session_id, "peer.send", f"agent:{to_agent}", then)
         return result

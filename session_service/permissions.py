@@ -25,9 +25,9 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
+from session_service.records import Agent, Narrowing, PermissionEffect, PermissionRule
 from switchboard import validation
 from switchboard.errors import InvalidArgument
-from switchboard.session.v1 import session_service_pb2 as pb
 
 WORKSPACE = "workspace:"
 MAX_RULES = 1000
@@ -49,7 +49,7 @@ class Decision:
 class Ancestry:
     """An agent's ancestors as they are now, nearest first; or why the chain is broken."""
 
-    agents: tuple[pb.Agent, ...] = ()
+    agents: tuple[Agent, ...] = ()
     #: Why the lineage is broken, for people ("" when it is whole).
     broken: str = ""
     #: The stable reason of a broken lineage: PARENT_NOT_FOUND, PARENT_ARCHIVED,
@@ -65,38 +65,38 @@ class Excess:
     message: str
 
 
-def checked_rules(field: str, rules: Sequence[pb.PermissionRule]) -> None:
+def checked_rules(field: str, rules: Sequence[PermissionRule]) -> None:
     """Rules as an agent's permissions or a session's narrowing may hold them."""
     if len(rules) > MAX_RULES:
         raise InvalidArgument(field, f"has {len(rules)} rules; the limit is {MAX_RULES}")
     for index, rule in enumerate(rules):
-        if rule.effect not in (pb.PERMISSION_EFFECT_ALLOW, pb.PERMISSION_EFFECT_DENY):
+        if rule.effect not in (PermissionEffect.ALLOW, PermissionEffect.DENY):
             raise InvalidArgument(f"{field}[{index}].effect", "must be ALLOW or DENY")
         validation.text(f"{field}[{index}].action", rule.action, max_len=256, required=True)
         validation.text(f"{field}[{index}].resource", rule.resource, max_len=1024)
 
 
-def peer_rules(peers: Sequence[str]) -> list[pb.PermissionRule]:
+def peer_rules(peers: Sequence[str]) -> list[PermissionRule]:
     return [
-        pb.PermissionRule(effect=pb.PERMISSION_EFFECT_ALLOW, action="peer.*", resource=f"agent:{p}")
+        PermissionRule(effect=PermissionEffect.ALLOW, action="peer.*", resource=f"agent:{p}")
         for p in peers
     ]
 
 
-def _agent_rules(agent: pb.Agent) -> list[pb.PermissionRule]:
+def _agent_rules(agent: Agent) -> list[PermissionRule]:
     return list(agent.permissions) + peer_rules(agent.peers)
 
 
-def _matches(rule: pb.PermissionRule, action: str, resource: str) -> bool:
+def _matches(rule: PermissionRule, action: str, resource: str) -> bool:
     return fnmatchcase(action, rule.action) and fnmatchcase(resource, rule.resource or "*")
 
 
 # -- lineage ------------------------------------------------------------------------------
 
 
-def ancestry(agent: pb.Agent, load: Callable[[str], pb.Agent | None]) -> Ancestry:
+def ancestry(agent: Agent, load: Callable[[str], Agent | None]) -> Ancestry:
     """Walks up from `agent.parent` with `load` (one read per ancestor)."""
-    chain: list[pb.Agent] = []
+    chain: list[Agent] = []
     seen = {agent.name}
     name = agent.parent
     while name:
@@ -136,7 +136,7 @@ def _base(root: str) -> str:
     return posixpath.normpath("/" + root.strip("/")) if root else "/"
 
 
-def workspace_bases(chain: Sequence[pb.Agent]) -> list[str]:
+def workspace_bases(chain: Sequence[Agent]) -> list[str]:
     """Each agent's workspace root, for a chain nearest first: a sub-agent without
     a root of its own works in its parent's; a top-level one without a root in "/"."""
     bases: list[str] = []
@@ -163,7 +163,7 @@ def _absolute(base: str, resource: str) -> str | None:
     return joined if _inside(base, joined) is not None else None
 
 
-def _framed(resource: str, names: Sequence[str], chain: Sequence[pb.Agent]) -> list[str] | str:
+def _framed(resource: str, names: Sequence[str], chain: Sequence[Agent]) -> list[str] | str:
     """The resource as each agent of the chain sees it, or why it is denied."""
     if not resource.startswith(WORKSPACE):
         return [resource] * len(chain)
@@ -184,8 +184,8 @@ def _framed(resource: str, names: Sequence[str], chain: Sequence[pb.Agent]) -> l
 
 
 def decide(
-    agent: pb.Agent,
-    narrowing: Sequence[pb.Narrowing],
+    agent: Agent,
+    narrowing: Sequence[Narrowing],
     action: str,
     resource: str,
     lineage: Ancestry | None = None,
@@ -212,11 +212,11 @@ def decide(
     ]
     for name, rules, seen, _ in layers:
         for index, rule in enumerate(rules):
-            if rule.effect == pb.PERMISSION_EFFECT_DENY and _matches(rule, action, seen):
+            if rule.effect == PermissionEffect.DENY and _matches(rule, action, seen):
                 return Decision(False, f"{name}[{index}]", "denied by rule")
     decided_by = ""
     for name, rules, seen, must_allow in layers:
-        allows = [(i, r) for i, r in enumerate(rules) if r.effect == pb.PERMISSION_EFFECT_ALLOW]
+        allows = [(i, r) for i, r in enumerate(rules) if r.effect == PermissionEffect.ALLOW]
         if not allows and not must_allow:
             continue  # a narrowing that lists no allows restricts by its denials only
         match = next((i for i, r in allows if _matches(r, action, seen)), None)
@@ -229,9 +229,7 @@ def decide(
 # -- the write-time bound -----------------------------------------------------------------
 
 
-def excess(
-    agent: pb.Agent, ancestors: Sequence[pb.Agent], touched: Collection[str]
-) -> Excess | None:
+def excess(agent: Agent, ancestors: Sequence[Agent], touched: Collection[str]) -> Excess | None:
     """What `agent` holds beyond one of its ancestors in the `touched` fields, or None.
 
     Rules are compared as globs (a child's pattern must be contained in one of
@@ -248,7 +246,7 @@ def excess(
                 f"{bases[0]!r} lies outside the workspace root {base!r} of ancestor "
                 f"{ancestor.name!r}",
             )
-        allows = [r for r in _agent_rules(ancestor) if r.effect == pb.PERMISSION_EFFECT_ALLOW]
+        allows = [r for r in _agent_rules(ancestor) if r.effect == PermissionEffect.ALLOW]
         found = _excess_over(agent, ancestor.name, allows, offset, touched)
         if found is not None:
             return found
@@ -256,15 +254,15 @@ def excess(
 
 
 def _excess_over(
-    agent: pb.Agent,
+    agent: Agent,
     ancestor: str,
-    allows: Sequence[pb.PermissionRule],
+    allows: Sequence[PermissionRule],
     offset: str | None,
     touched: Collection[str],
 ) -> Excess | None:
     if "permissions" in touched:
         for index, rule in enumerate(agent.permissions):
-            if rule.effect == pb.PERMISSION_EFFECT_ALLOW and not _covered(rule, allows, offset):
+            if rule.effect == PermissionEffect.ALLOW and not _covered(rule, allows, offset):
                 return Excess(
                     f"agent.permissions[{index}]",
                     f"allows {rule.action} on {rule.resource or '*'}; ancestor {ancestor!r} "
@@ -280,9 +278,7 @@ def _excess_over(
     return None
 
 
-def _covered(
-    rule: pb.PermissionRule, allows: Sequence[pb.PermissionRule], offset: str | None
-) -> bool:
+def _covered(rule: PermissionRule, allows: Sequence[PermissionRule], offset: str | None) -> bool:
     resource = rule.resource or "*"
     if resource.startswith(WORKSPACE):
         if offset is None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from session_service import replay
+from session_service import replay, storage_format
 from session_service.log_store import (
     AgentIndex,
     LogStore,
@@ -25,7 +25,17 @@ from session_service.log_store import (
     serialized_summary,
     session_entity,
 )
-from switchboard.session.v1 import session_service_pb2 as pb
+from session_service.records import (
+    Agent,
+    AgentArchived,
+    AgentCreated,
+    Event,
+    ResumeMarked,
+    SessionEnded,
+    SessionOpened,
+    SessionState,
+    SessionStatus,
+)
 
 
 class _SummaryFolds:
@@ -34,32 +44,37 @@ class _SummaryFolds:
     A row without a summary (None) stays without one: the store folds it whole."""
 
     def __init__(self) -> None:
-        self._sessions: dict[str, pb.SessionState | None] = {}
-        self._agents: dict[str, pb.Agent | None] = {}
+        self._sessions: dict[str, SessionState | None] = {}
+        self._agents: dict[str, Agent | None] = {}
 
-    def session(self, event: pb.Event, index: SessionIndex) -> None:
-        if event.session_id not in self._sessions or event.HasField("session_opened"):
+    def session(self, event: Event, index: SessionIndex) -> None:
+        if event.session_id not in self._sessions or isinstance(event.body, SessionOpened):
             summary = index.summary
             self._sessions[event.session_id] = (
-                None if summary is None else pb.SessionState(session=pb.Session.FromString(summary))
+                None
+                if summary is None
+                else SessionState(session=storage_format.decode_session_summary(summary))
             )
         state = self._sessions[event.session_id]
         if state is not None:
             # Only `session` is kept: the rest of this partial state is left behind.
             replay.apply_to_session(state, event)
 
-    def agent(self, event: pb.Event, index: AgentIndex) -> None:
-        if event.agent not in self._agents or event.HasField("agent_created"):
-            summary = b"" if event.HasField("agent_created") else index.summary
-            self._agents[event.agent] = None if summary is None else pb.Agent.FromString(summary)
+    def agent(self, event: Event, index: AgentIndex) -> None:
+        created = isinstance(event.body, AgentCreated)
+        if event.agent not in self._agents or created:
+            summary = b"" if created else index.summary
+            self._agents[event.agent] = (
+                None if summary is None else storage_format.decode_agent_summary(summary)
+            )
         agent = self._agents[event.agent]
         if agent is not None:
             replay.apply_to_agent(agent, event)
-            agent.ClearField("memory")
+            agent.memory = {}
 
     def session_summary(self, session_id: str) -> bytes | None:
         state = self._sessions.get(session_id)
-        return None if state is None else serialized_summary(state.session)
+        return None if state is None or state.session is None else serialized_summary(state.session)
 
     def agent_summary(self, name: str) -> bytes | None:
         agent = self._agents.get(name)
@@ -74,7 +89,7 @@ class Projection:
 
     def project(
         self,
-        events: Sequence[pb.Event],
+        events: Sequence[Event],
         snapshot: bool = False,
         known: SessionIndex | None = None,
     ) -> None:
@@ -105,7 +120,7 @@ class Projection:
                 agent = replace(agent, snapshot_version=agent.version)
             self.store.put_agent_index(agent)
 
-    def number_agent_events(self, events: Sequence[pb.Event]) -> None:
+    def number_agent_events(self, events: Sequence[Event]) -> None:
         """Gives agent events their agent's next versions: above every version the
         agent ever had, also when it is created again after a rewind undid it."""
         versions: dict[str, int] = {}
@@ -122,28 +137,28 @@ class Projection:
             versions[event.agent] += 1
             event.agent_version = versions[event.agent]
 
-    def _project_agent(self, event: pb.Event, agents: dict[str, AgentIndex]) -> None:
+    def _project_agent(self, event: Event, agents: dict[str, AgentIndex]) -> None:
         current = agents.get(event.agent) or self.store.agent_index(event.agent)
         counted = 1 if current is None else current.version + 1  # events from before versions
         agents[event.agent] = AgentIndex(
             name=event.agent,
-            archived=event.HasField("agent_archived") or bool(current and current.archived),
+            archived=isinstance(event.body, AgentArchived) or bool(current and current.archived),
             version=event.agent_version or counted,
             last_seq=event.sequence,
             snapshot_version=0 if current is None else current.snapshot_version,
             summary=None if current is None else current.summary,
         )
 
-    def _project_session(self, event: pb.Event, sessions: dict[str, SessionIndex]) -> None:
-        body = event.WhichOneof("body")
-        if body == "session_opened":
-            opened = event.session_opened
+    def _project_session(self, event: Event, sessions: dict[str, SessionIndex]) -> None:
+        body = event.body
+        if isinstance(body, SessionOpened):
+            opened = body
             sessions[event.session_id] = SessionIndex(
                 session_id=event.session_id,
                 agent=event.agent,
                 routing_key=opened.routing_key,
-                transport=opened.source.transport,
-                status=pb.SESSION_STATUS_OPEN,
+                transport=opened.source.transport if opened.source is not None else "",
+                status=SessionStatus.OPEN,
                 created_seq=event.sequence,
                 last_seq=event.sequence,
                 version=event.session_version,
@@ -152,8 +167,8 @@ class Projection:
             )
             if opened.routing_key:
                 self.store.set_route(event.agent, opened.routing_key, event.session_id)
-            if opened.lineage.shares_parent_history:
-                lineage = opened.lineage
+            lineage = opened.lineage
+            if lineage is not None and lineage.shares_parent_history:
                 self.store.add_lineage(
                     event.session_id, lineage.parent_session_id, lineage.forked_at_sequence
                 )
@@ -161,17 +176,17 @@ class Projection:
         current = sessions.get(event.session_id) or self.store.session_index(event.session_id)
         assert current is not None, f"event {event.sequence} for an unknown session"
         changed = replace(current, last_seq=event.sequence, version=event.session_version)
-        if body == "resume_marked":
-            changed = replace(changed, resume_pending=event.resume_marked.pending)
-        elif body == "session_ended":
-            changed = replace(changed, status=pb.SESSION_STATUS_ENDED)
+        if isinstance(body, ResumeMarked):
+            changed = replace(changed, resume_pending=body.pending)
+        elif isinstance(body, SessionEnded):
+            changed = replace(changed, status=SessionStatus.ENDED)
             if current.routing_key:
                 self.store.drop_route(event.agent, current.routing_key, event.session_id)
         sessions[event.session_id] = changed
 
     def snapshot_session(self, session_id: str) -> int:
         state = self.store.session_state(session_id)
-        assert state is not None
+        assert state is not None and state.session is not None
         sequence = state.session.last_sequence
         self.store.save_snapshot(session_entity(session_id), sequence, state)
         return sequence
@@ -181,19 +196,21 @@ class Projection:
         assert agent is not None
         self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent)
 
-    def refresh_sessions(self, states: dict[str, pb.SessionState | None]) -> None:
+    def refresh_sessions(self, states: dict[str, SessionState | None]) -> None:
         """Rewrites the rows of sessions whose active events a rewind or checkout
         changed, from their whole states (None: the session no longer exists)."""
         self.store.drop_routes_to(states)
         # Parents before their forks: a fork's lineage copies its parent's.
         order = sorted(
-            states.items(), key=lambda item: item[1].session.create_sequence if item[1] else 0
+            states.items(),
+            key=lambda item: item[1].session.create_sequence if item[1] and item[1].session else 0,
         )
         for session_id, state in order:
             if state is None:
                 self.store.delete_session_index(session_id)  # created after the cut
                 continue
             session = state.session
+            assert session is not None
             # The state is at hand, and the index says it is snapshotted: without the
             # snapshot, reads after many rewinds would replay the whole active log.
             self.store.save_snapshot(session_entity(session_id), session.last_sequence, state)
@@ -202,7 +219,7 @@ class Projection:
                     session_id=session_id,
                     agent=session.agent,
                     routing_key=session.routing_key,
-                    transport=session.source.transport,
+                    transport=session.source.transport if session.source is not None else "",
                     status=session.status,
                     created_seq=session.create_sequence,
                     last_seq=session.last_sequence,
@@ -212,15 +229,15 @@ class Projection:
                     summary=serialized_summary(session),
                 )
             )
-            if session.routing_key and session.status == pb.SESSION_STATUS_OPEN:
+            if session.routing_key and session.status == SessionStatus.OPEN:
                 self.store.set_route(session.agent, session.routing_key, session_id)
-            if session.lineage.shares_parent_history:  # a fork restored by a checkout
-                lineage = session.lineage
+            lineage = session.lineage
+            if lineage is not None and lineage.shares_parent_history:  # a fork a checkout restored
                 self.store.add_lineage(
                     session_id, lineage.parent_session_id, lineage.forked_at_sequence
                 )
 
-    def refresh_agent(self, name: str, agent: pb.Agent | None) -> None:
+    def refresh_agent(self, name: str, agent: Agent | None) -> None:
         """Rewrites an agent's row from its whole state (None: it no longer exists)."""
         if agent is None:
             self.store.delete_agent_index(name)  # created after the cut

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from session_service.core import Core
-from switchboard.session.v1 import session_service_pb2 as pb
+from session_service.records import Event
 
 
 class LogCorrupt(RuntimeError):
@@ -76,7 +76,7 @@ def rebuild(core: Core, progress: Callable[[int, int], None] | None = None) -> R
         total = store.replayable_event_count()
         before = store.projection_rows()
         store.clear_projections()
-        batch: list[pb.Event] = []
+        batch: list[Event] = []
         for event in store.active_events():
             batch.append(event)
             if len(batch) == 1000:

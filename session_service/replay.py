@@ -1,15 +1,46 @@
 """Folding events into state: the one definition of what every event means.
 
-Agent state is an `Agent` message, session state a `SessionState` message;
-both are rebuilt as "latest snapshot + the entity's later events", so a
-snapshot is only ever a cache of this fold.
+Agent state is an `Agent` record, session state a `SessionState` record (see
+`session_service.records`); both are rebuilt as "latest snapshot + the entity's
+later events", so a snapshot is only ever a cache of this fold.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import copy
 
-from switchboard.session.v1 import session_service_pb2 as pb
+from session_service import convert
+from session_service.records import (
+    Agent,
+    AgentArchived,
+    AgentCreated,
+    AgentUpdated,
+    Event,
+    InboxDrained,
+    InboxPosted,
+    Lineage,
+    MemoryDeleted,
+    MemoryPut,
+    Message,
+    MessageAppended,
+    OutboxAcked,
+    OutboxQueued,
+    PermissionChecked,
+    QueuedMessage,
+    ResumeMarked,
+    RewindApplied,
+    Session,
+    SessionEnded,
+    SessionOpened,
+    SessionState,
+    SessionStatus,
+    Source,
+    SuspensionChanged,
+    Task,
+    TaskCleared,
+    TaskSet,
+    TempStateChanged,
+)
 
 #: Agent fields an UpdateAgent may change (top level of the field mask).
 UPDATABLE_AGENT_FIELDS = (
@@ -17,96 +48,91 @@ UPDATABLE_AGENT_FIELDS = (
 )  # fmt: skip
 
 
-def apply_to_agent(agent: pb.Agent, event: pb.Event) -> None:
-    body = event.WhichOneof("body")
-    if body == "agent_created":
-        agent.CopyFrom(event.agent_created.agent)
-        agent.create_time.CopyFrom(event.time)
-    elif body == "agent_updated":
-        event.agent_updated.update_mask.MergeMessage(
-            event.agent_updated.agent,
-            agent,
-            replace_message_field=True,
-            replace_repeated_field=True,
-        )
-    elif body == "memory_put":
-        agent.memory[event.memory_put.key] = event.memory_put.value
-    elif body == "memory_deleted":
-        agent.memory.pop(event.memory_deleted.key, None)
-    elif body == "agent_archived":
+def apply_to_agent(agent: Agent, event: Event) -> None:
+    body = event.body
+    if isinstance(body, AgentCreated):
+        created = copy.deepcopy(body.agent) if body.agent is not None else Agent()
+        for field in Agent.__slots__:
+            setattr(agent, field, getattr(created, field))
+        agent.create_time = event.time or 0
+    elif isinstance(body, AgentUpdated):
+        convert.merge_masked(body.update_mask or [], body.agent or Agent(), agent)
+    elif isinstance(body, MemoryPut):
+        agent.memory[body.key] = body.value
+    elif isinstance(body, MemoryDeleted):
+        agent.memory.pop(body.key, None)
+    elif isinstance(body, AgentArchived):
         agent.archived = True
-    elif body == "rewind_applied":
+    elif isinstance(body, RewindApplied):
         pass  # the state is what the rewind made it; only the version moves
     else:
-        raise ValueError(f"event {event.sequence} ({body}) is not an agent event")
+        raise ValueError(f"event {event.sequence} ({body.kind}) is not an agent event")
     # Events logged before agent versions were recorded count one each.
     agent.version = event.agent_version or agent.version + 1
     agent.last_sequence = event.sequence
-    agent.update_time.CopyFrom(event.time)
+    agent.update_time = event.time or 0
 
 
-def apply_to_session(state: pb.SessionState, event: pb.Event) -> None:
+def apply_to_session(state: SessionState, event: Event) -> None:
     """Applies one session event; `state.session` keeps only the fields the log defines."""
+    if state.session is None:
+        state.session = Session()
     session = state.session
-    body = event.WhichOneof("body")
-    if body == "session_opened":
-        opened = event.session_opened
-        session.session_id = opened.session_id
+    body = event.body
+    if isinstance(body, SessionOpened):
+        session.session_id = body.session_id
         session.agent = event.agent
-        session.routing_key = opened.routing_key
-        session.source.CopyFrom(opened.source)
-        session.status = pb.SESSION_STATUS_OPEN
-        session.create_time.CopyFrom(event.time)
+        session.routing_key = body.routing_key
+        session.source = copy.copy(body.source) if body.source is not None else Source()
+        session.status = SessionStatus.OPEN
+        session.create_time = event.time or 0
         session.create_sequence = event.sequence
-        session.lineage.CopyFrom(opened.lineage)
-        session.narrowing.extend(opened.narrowing)
-        session.message_count = opened.inherited_message_count
-        state.temp_state.update(opened.temp_state)
-        if opened.HasField("task"):
-            state.current_task.CopyFrom(opened.task)
-    elif body in ("permission_checked", "rewind_applied"):
+        session.lineage = copy.copy(body.lineage) if body.lineage is not None else Lineage()
+        session.narrowing.extend(copy.deepcopy(body.narrowing))
+        session.message_count = body.inherited_message_count
+        state.temp_state.update(body.temp_state)
+        if body.task is not None:
+            state.current_task = copy.copy(body.task)
+    elif isinstance(body, (PermissionChecked, RewindApplied)):
         pass  # an audit record, or a rewind's version move: the state stays
-    elif body == "resume_marked":
-        marked = event.resume_marked
-        if not marked.pending:
-            session.ClearField("resume_marked_time")
+    elif isinstance(body, ResumeMarked):
+        if not body.pending:
+            session.resume_marked_time = None
         elif not session.resume_pending:
             # Only the first mark sets the time: a turn taken over by another holder is
             # no fresher, or a turn that crashes every gateway would never expire.
-            session.resume_marked_time.CopyFrom(event.time)
-        session.resume_pending = marked.pending
-        session.resume_holder = marked.holder if marked.pending else ""
-    elif body == "suspension_changed":
-        session.suspended = event.suspension_changed.suspended
-    elif body == "session_ended":
-        session.status = pb.SESSION_STATUS_ENDED
-        session.end_reason = event.session_ended.reason
-    elif body == "message_appended":
+            session.resume_marked_time = event.time or 0
+        session.resume_pending = body.pending
+        session.resume_holder = body.holder if body.pending else ""
+    elif isinstance(body, SuspensionChanged):
+        session.suspended = body.suspended
+    elif isinstance(body, SessionEnded):
+        session.status = SessionStatus.ENDED
+        session.end_reason = body.reason
+    elif isinstance(body, MessageAppended):
         session.message_count += 1
-    elif body == "inbox_posted":
-        state.inbox.add(sequence=event.sequence, message=event.inbox_posted.message)
-    elif body == "inbox_drained":
-        _drop_through(state.inbox, event.inbox_drained.through_sequence)
-    elif body == "outbox_queued":
-        state.outbox.add(sequence=event.sequence, message=event.outbox_queued.message)
-    elif body == "outbox_acked":
-        _drop_through(state.outbox, event.outbox_acked.through_sequence)
-    elif body == "task_set":
-        state.current_task.CopyFrom(event.task_set.task)
-    elif body == "task_cleared":
-        state.ClearField("current_task")
-    elif body == "temp_state_changed":
-        state.temp_state.update(event.temp_state_changed.set)
-        for key in event.temp_state_changed.removed:
+    elif isinstance(body, InboxPosted):
+        state.inbox.append(
+            QueuedMessage(sequence=event.sequence, message=body.message or Message())
+        )
+    elif isinstance(body, InboxDrained):
+        state.inbox = [item for item in state.inbox if item.sequence > body.through_sequence]
+    elif isinstance(body, OutboxQueued):
+        state.outbox.append(
+            QueuedMessage(sequence=event.sequence, message=body.message or Message())
+        )
+    elif isinstance(body, OutboxAcked):
+        state.outbox = [item for item in state.outbox if item.sequence > body.through_sequence]
+    elif isinstance(body, TaskSet):
+        state.current_task = copy.copy(body.task) if body.task is not None else Task()
+    elif isinstance(body, TaskCleared):
+        state.current_task = None
+    elif isinstance(body, TempStateChanged):
+        state.temp_state.update(body.set)
+        for key in body.removed:
             state.temp_state.pop(key, None)
     else:
-        raise ValueError(f"event {event.sequence} ({body}) is not a session event")
+        raise ValueError(f"event {event.sequence} ({body.kind}) is not a session event")
     session.version = event.session_version
     session.last_sequence = event.sequence
-    session.update_time.CopyFrom(event.time)
-
-
-def _drop_through(queue: Iterable[pb.QueuedMessage], through: int) -> None:
-    kept = [item for item in queue if item.sequence > through]
-    del queue[:]  # type: ignore[attr-defined]
-    queue.extend(kept)  # type: ignore[attr-defined]
+    session.update_time = event.time or 0

@@ -14,24 +14,26 @@ reach the database.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from session_service.pii import Redactor
+from session_service.records import ChatType, RoutingPolicy, Source
 from switchboard import validation
 from switchboard.errors import InvalidArgument
-from switchboard.session.v1 import session_service_pb2 as pb
 
 NON_CHAT_TRANSPORTS = frozenset({"web", "cron", "repl", "peer"})
 #: The routing key column's width (and the ledger's session_key limit).
 MAX_ROUTING_KEY_LEN = 512
 
 _CHAT_TYPE_NAMES = {
-    pb.CHAT_TYPE_DM: "dm",
-    pb.CHAT_TYPE_GROUP: "group",
-    pb.CHAT_TYPE_CHANNEL: "channel",
-    pb.CHAT_TYPE_THREAD: "thread",
+    ChatType.DM: "dm",
+    ChatType.GROUP: "group",
+    ChatType.CHANNEL: "channel",
+    ChatType.THREAD: "thread",
 }
 
 
-def checked_source(source: pb.Source) -> pb.Source:
+def checked_source(source: Source) -> Source:
     """Validates a source; returns it unchanged."""
     validation.platform("source.transport", source.transport)
     if source.transport in NON_CHAT_TRANSPORTS:
@@ -48,19 +50,18 @@ def checked_source(source: pb.Source) -> pb.Source:
     return source
 
 
-def stored_source(source: pb.Source, redactor: Redactor | None) -> pb.Source:
+def stored_source(source: Source, redactor: Redactor | None) -> Source:
     """The source as it may be stored: its chat and user ids hashed by `redactor`
     (given when the agent redacts PII). Thread, scope and conversation ids name
     places, not people, and stay as they are."""
-    stored = pb.Source()
-    stored.CopyFrom(source)
+    stored = replace(source)
     if redactor is not None and source.transport not in NON_CHAT_TRANSPORTS:
         stored.chat_id = redactor.chat(source.transport, source.chat_id)
         stored.user_id = redactor.user(source.user_id)
     return stored
 
 
-def routing_key(agent: str, source: pb.Source, policy: pb.RoutingPolicy) -> str:
+def routing_key(agent: str, source: Source, policy: RoutingPolicy | None) -> str:
     """The key of a (checked, already redacted if need be) source."""
     namespace = f"agent:{agent}:{source.transport}"
     if source.transport in NON_CHAT_TRANSPORTS:
@@ -69,7 +70,7 @@ def routing_key(agent: str, source: pb.Source, policy: pb.RoutingPolicy) -> str:
     parts = [namespace, chat_type]
     if source.scope_id:
         parts.append(source.scope_id)
-    if source.chat_type == pb.CHAT_TYPE_DM:
+    if source.chat_type == ChatType.DM:
         owner = source.chat_id or source.user_id
         parts += [part for part in (owner, source.thread_id) if part]
         return _bounded(":".join(parts))
@@ -77,6 +78,7 @@ def routing_key(agent: str, source: pb.Source, policy: pb.RoutingPolicy) -> str:
         parts.append(source.chat_id)
     if source.thread_id:
         parts.append(source.thread_id)
+    policy = policy or RoutingPolicy()
     per_user = not policy.shared_group_sessions and (
         not source.thread_id or policy.per_user_thread_sessions
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from session_service import convert, records
 from session_service.agents import Agents
 from session_service.continuity import Continuity
 from session_service.conversations import Conversations
@@ -27,6 +28,51 @@ Context = Any  # grpc.aio.ServicerContext; unused by these handlers
 
 
 mutation = Mutations(pb.DESCRIPTOR.services_by_name["SessionService"])
+
+# The core answers in records (`session_service.records`): converted here, once per
+# answer, and requests' messages once on the way in.
+
+
+def _agent(agent: records.Agent) -> pb.Agent:
+    message: pb.Agent = convert.to_pb(agent)
+    return message
+
+
+def _session(session: records.Session) -> pb.Session:
+    message: pb.Session = convert.to_pb(session)
+    return message
+
+
+def _sessions(sessions: list[records.Session]) -> list[pb.Session]:
+    return [_session(session) for session in sessions]
+
+
+def _events(events: list[records.Event]) -> list[pb.Event]:
+    return [convert.event_pb(event) for event in events]
+
+
+def _record(kind: type[convert.R], message: Any) -> convert.R:
+    """A request's message as a record (an unset one as its defaults, as pb reads it)."""
+    return convert.to_record(kind, message)
+
+
+class _Converted:
+    """The messages of the events a watch just sent, by sequence: every watcher of an
+    event streams the one message, converted once however many watch."""
+
+    def __init__(self, size: int = 64) -> None:
+        self._size = size
+        self._by_sequence: dict[int, tuple[records.Event, pb.Event]] = {}
+
+    def of(self, event: records.Event) -> pb.Event:
+        found = self._by_sequence.get(event.sequence)
+        if found is not None and found[0] is event:
+            return found[1]
+        message = convert.event_pb(event)
+        if len(self._by_sequence) >= self._size:
+            del self._by_sequence[next(iter(self._by_sequence))]  # the oldest
+        self._by_sequence[event.sequence] = (event, message)
+        return message
 
 
 def _move_fields(move: Move) -> dict[str, Any]:
@@ -47,7 +93,7 @@ def _move_fields(move: Move) -> dict[str, Any]:
         restored_count=move.restored,
     )
     return {
-        "record": move.record,
+        "record": None if move.record is None else convert.event_pb(move.record),
         "unchanged": move.unchanged,
         "to_sequence": move.to_sequence,
         "summary": summary,
@@ -65,17 +111,18 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self.multi_agent = MultiAgent(core, self.agents, self.conversations)
         self.continuity = Continuity(core, self.agents, self.conversations)
         self.log_reads = LogReads(core)
+        self._watched = _Converted()
 
-    @mutation(lambda agent: pb.CreateAgentResponse(agent=agent))
+    @mutation(lambda agent: pb.CreateAgentResponse(agent=_agent(agent)))
     async def CreateAgent(  # noqa: N802
         self, request: pb.CreateAgentRequest, context: Context
-    ) -> pb.Agent:
-        return await self.agents.create_agent(request.agent)
+    ) -> records.Agent:
+        return await self.agents.create_agent(_record(records.Agent, request.agent))
 
     async def GetAgent(  # noqa: N802
         self, request: pb.GetAgentRequest, context: Context
     ) -> pb.GetAgentResponse:
-        return pb.GetAgentResponse(agent=await self.agents.get_agent(request.name))
+        return pb.GetAgentResponse(agent=_agent(await self.agents.get_agent(request.name)))
 
     async def ListAgents(  # noqa: N802
         self, request: pb.ListAgentsRequest, context: Context
@@ -83,42 +130,45 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         agents, token = await self.agents.list_agents(
             request.include_archived, request.page_size, request.page_token
         )
-        return pb.ListAgentsResponse(agents=agents, next_page_token=token)
+        return pb.ListAgentsResponse(agents=[_agent(a) for a in agents], next_page_token=token)
 
-    @mutation(lambda agent: pb.UpdateAgentResponse(agent=agent))
+    @mutation(lambda agent: pb.UpdateAgentResponse(agent=_agent(agent)))
     async def UpdateAgent(  # noqa: N802
         self, request: pb.UpdateAgentRequest, context: Context
-    ) -> pb.Agent:
-        return await self.agents.update_agent(request.agent, request.update_mask)
+    ) -> records.Agent:
+        return await self.agents.update_agent(
+            _record(records.Agent, request.agent), list(request.update_mask.paths)
+        )
 
-    @mutation(lambda agent: pb.DeleteAgentResponse(agent=agent))
+    @mutation(lambda agent: pb.DeleteAgentResponse(agent=_agent(agent)))
     async def DeleteAgent(  # noqa: N802
         self, request: pb.DeleteAgentRequest, context: Context
-    ) -> pb.Agent:
+    ) -> records.Agent:
         return await self.agents.delete_agent(request.name)
 
-    @mutation(lambda agent: pb.PutMemoryResponse(agent=agent))
+    @mutation(lambda agent: pb.PutMemoryResponse(agent=_agent(agent)))
     async def PutMemory(  # noqa: N802
         self, request: pb.PutMemoryRequest, context: Context
-    ) -> pb.Agent:
+    ) -> records.Agent:
         return await self.agents.put_memory(request.agent, request.key, request.value)
 
-    @mutation(lambda agent: pb.DeleteMemoryResponse(agent=agent))
+    @mutation(lambda agent: pb.DeleteMemoryResponse(agent=_agent(agent)))
     async def DeleteMemory(  # noqa: N802
         self, request: pb.DeleteMemoryRequest, context: Context
-    ) -> pb.Agent:
+    ) -> records.Agent:
         return await self.agents.delete_memory(request.agent, request.key)
 
-    @mutation(lambda found: pb.ResolveSessionResponse(session=found[0], created=found[1]))
+    @mutation(lambda found: pb.ResolveSessionResponse(session=_session(found[0]), created=found[1]))
     async def ResolveSession(  # noqa: N802
         self, request: pb.ResolveSessionRequest, context: Context
-    ) -> tuple[pb.Session, bool]:
-        return await self.conversations.resolve(request.agent, request.source, request.session_id)
+    ) -> tuple[records.Session, bool]:
+        source = _record(records.Source, request.source)
+        return await self.conversations.resolve(request.agent, source, request.session_id)
 
-    @mutation(lambda session: pb.SpawnSessionResponse(session=session))
+    @mutation(lambda session: pb.SpawnSessionResponse(session=_session(session)))
     async def SpawnSession(  # noqa: N802
         self, request: pb.SpawnSessionRequest, context: Context
-    ) -> pb.Session:
+    ) -> records.Session:
         grant = auth.current_grant()
         any_id = grant is None or grant.admin  # others choose ids in their agent's namespace
         return await self.conversations.spawn(
@@ -129,7 +179,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.GetSessionRequest, context: Context
     ) -> pb.GetSessionResponse:
         session = await self.reads.get_session(request.agent, request.session_id)
-        return pb.GetSessionResponse(session=session)
+        return pb.GetSessionResponse(session=_session(session))
 
     async def ListSessions(  # noqa: N802
         self, request: pb.ListSessionsRequest, context: Context
@@ -137,41 +187,45 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         sessions, token = await self.reads.list_sessions(
             request.agent, request.status, request.transport, request.page_size, request.page_token
         )
-        return pb.ListSessionsResponse(sessions=sessions, next_page_token=token)
+        return pb.ListSessionsResponse(sessions=_sessions(sessions), next_page_token=token)
 
-    @mutation(lambda session: pb.EndSessionResponse(session=session))
+    @mutation(lambda session: pb.EndSessionResponse(session=_session(session)))
     async def EndSession(  # noqa: N802
         self, request: pb.EndSessionRequest, context: Context
-    ) -> pb.Session:
+    ) -> records.Session:
         return await self.conversations.end(request.agent, request.session_id, request.reason)
 
-    @mutation(lambda pair: pb.ResetSessionResponse(ended=pair[0], session=pair[1]))
+    @mutation(
+        lambda pair: pb.ResetSessionResponse(ended=_session(pair[0]), session=_session(pair[1]))
+    )
     async def ResetSession(  # noqa: N802
         self, request: pb.ResetSessionRequest, context: Context
-    ) -> tuple[pb.Session, pb.Session]:
+    ) -> tuple[records.Session, records.Session]:
         return await self.conversations.reset(request.agent, request.session_id, request.reason)
 
     @mutation(
-        lambda done: pb.AppendEventsResponse(events=done[0], version=done[1], sequences=done[2])
+        lambda done: pb.AppendEventsResponse(
+            events=_events(done[0]), version=done[1], sequences=done[2]
+        )
     )
     async def AppendEvents(  # noqa: N802
         self, request: pb.AppendEventsRequest, context: Context
-    ) -> tuple[list[pb.Event], int, list[int]]:
+    ) -> tuple[list[records.Event], int, list[int]]:
         expected = request.expected_version if request.HasField("expected_version") else None
+        inputs = [
+            records.EventInput(body=convert.input_body(event), size=event.ByteSize())
+            for event in request.events
+        ]
         return await self.conversations.append(
-            request.agent,
-            request.session_id,
-            expected,
-            request.events,
-            echo=not request.sequences_only,
+            request.agent, request.session_id, expected, inputs, echo=not request.sequences_only
         )
 
-    @mutation(lambda event: pb.PostToInboxResponse(event=event))
+    @mutation(lambda event: pb.PostToInboxResponse(event=convert.event_pb(event)))
     async def PostToInbox(  # noqa: N802
         self, request: pb.PostToInboxRequest, context: Context
-    ) -> pb.Event:
+    ) -> records.Event:
         return await self.conversations.post_to_inbox(
-            request.agent, request.session_id, request.message
+            request.agent, request.session_id, _record(records.Message, request.message)
         )
 
     async def GetHistory(  # noqa: N802
@@ -187,13 +241,15 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.before_sequence,
             request.page_token,
         )
-        return pb.GetHistoryResponse(messages=messages, next_page_token=token)
+        return pb.GetHistoryResponse(
+            messages=[convert.to_pb(message) for message in messages], next_page_token=token
+        )
 
     async def GetSessionState(  # noqa: N802
         self, request: pb.GetSessionStateRequest, context: Context
     ) -> pb.GetSessionStateResponse:
         state, agent = await self.reads.state(request.agent, request.session_id)
-        return pb.GetSessionStateResponse(state=state, agent=agent)
+        return pb.GetSessionStateResponse(state=convert.to_pb(state), agent=_agent(agent))
 
     @mutation(lambda sequence: pb.SnapshotSessionResponse(sequence=sequence))
     async def SnapshotSession(  # noqa: N802
@@ -206,19 +262,22 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     ) -> AsyncIterator[pb.WatchEventsResponse]:
         events = self.reads.watch(request.after_sequence, request.agent, request.session_id)
         async for event in events:
-            yield pb.WatchEventsResponse(event=event)
+            yield pb.WatchEventsResponse(event=self._watched.of(event))
 
-    @mutation(lambda checkpoint: pb.CreateCheckpointResponse(checkpoint=checkpoint))
+    @mutation(lambda checkpoint: pb.CreateCheckpointResponse(checkpoint=convert.to_pb(checkpoint)))
     async def CreateCheckpoint(  # noqa: N802
         self, request: pb.CreateCheckpointRequest, context: Context
-    ) -> pb.Checkpoint:
+    ) -> records.Checkpoint:
         return await self.time_travel.create_checkpoint(request.label)
 
     async def ListCheckpoints(  # noqa: N802
         self, request: pb.ListCheckpointsRequest, context: Context
     ) -> pb.ListCheckpointsResponse:
         checkpoints, token = await self.log_reads.checkpoints(request.page_size, request.page_token)
-        return pb.ListCheckpointsResponse(checkpoints=checkpoints, next_page_token=token)
+        return pb.ListCheckpointsResponse(
+            checkpoints=[convert.to_pb(checkpoint) for checkpoint in checkpoints],
+            next_page_token=token,
+        )
 
     @mutation(lambda move: pb.RewindResponse(**_move_fields(move)))
     async def Rewind(  # noqa: N802
@@ -254,68 +313,82 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.page_size,
             request.page_token,
         )
-        return pb.ListLogEventsResponse(entries=entries, next_page_token=token)
+        return pb.ListLogEventsResponse(
+            entries=[
+                pb.LogEntry(event=convert.event_pb(event), abandoned=abandoned)
+                for event, abandoned in entries
+            ],
+            next_page_token=token,
+        )
 
-    @mutation(lambda session: pb.ForkSessionResponse(session=session))
+    @mutation(lambda session: pb.ForkSessionResponse(session=_session(session)))
     async def ForkSession(  # noqa: N802
         self, request: pb.ForkSessionRequest, context: Context
-    ) -> pb.Session:
+    ) -> records.Session:
+        narrowing = _record(records.Narrowing, request.narrowing)
         return await self.multi_agent.fork(
-            request.agent, request.session_id, request.at_sequence, request.narrowing
+            request.agent, request.session_id, request.at_sequence, narrowing
         )
 
-    @mutation(lambda found: pb.DelegateResponse(session=found[0], created=found[1]))
+    @mutation(lambda found: pb.DelegateResponse(session=_session(found[0]), created=found[1]))
     async def Delegate(  # noqa: N802
         self, request: pb.DelegateRequest, context: Context
-    ) -> tuple[pb.Session, bool]:
+    ) -> tuple[records.Session, bool]:
+        task = _record(records.Message, request.task)
         return await self.multi_agent.delegate(
-            request.agent, request.session_id, request.to_agent, request.task, request.context
+            request.agent, request.session_id, request.to_agent, task, request.context
         )
 
-    @mutation(lambda event: pb.SendToPeerResponse(event=event))
+    @mutation(lambda event: pb.SendToPeerResponse(event=convert.event_pb(event)))
     async def SendToPeer(  # noqa: N802
         self, request: pb.SendToPeerRequest, context: Context
-    ) -> pb.Event:
-        source = request.source if request.WhichOneof("target") == "source" else None
+    ) -> records.Event:
+        source = (
+            _record(records.Source, request.source)
+            if request.WhichOneof("target") == "source"
+            else None
+        )
         return await self.multi_agent.send_to_peer(
             request.agent,
             request.session_id,
             request.to_agent,
             source,
             request.to_session_id,
-            request.message,
+            _record(records.Message, request.message),
         )
 
-    @mutation(lambda done: pb.CheckPermissionResponse(decision=done[0], sequence=done[1]))
+    @mutation(
+        lambda done: pb.CheckPermissionResponse(decision=convert.to_pb(done[0]), sequence=done[1])
+    )
     async def CheckPermission(  # noqa: N802
         self, request: pb.CheckPermissionRequest, context: Context
-    ) -> tuple[pb.PermissionChecked, int]:
+    ) -> tuple[records.PermissionChecked, int]:
         return await self.multi_agent.check(
             request.agent, request.session_id, request.action, request.resource
         )
 
-    @mutation(lambda session: pb.MarkResumableResponse(session=session))
+    @mutation(lambda session: pb.MarkResumableResponse(session=_session(session)))
     async def MarkResumable(  # noqa: N802
         self, request: pb.MarkResumableRequest, context: Context
-    ) -> pb.Session:
+    ) -> records.Session:
         return await self.continuity.mark(
             request.agent, request.session_id, request.pending, request.holder
         )
 
-    @mutation(lambda session: pb.SuspendSessionResponse(session=session))
+    @mutation(lambda session: pb.SuspendSessionResponse(session=_session(session)))
     async def SuspendSession(  # noqa: N802
         self, request: pb.SuspendSessionRequest, context: Context
-    ) -> pb.Session:
+    ) -> records.Session:
         return await self.continuity.suspend(request.agent, request.session_id, request.suspended)
 
     async def ListResumable(  # noqa: N802
         self, request: pb.ListResumableRequest, context: Context
     ) -> pb.ListResumableResponse:
         fresh, stale = await self.continuity.list_resumable(request.agent)
-        return pb.ListResumableResponse(sessions=fresh, stale=stale)
+        return pb.ListResumableResponse(sessions=_sessions(fresh), stale=_sessions(stale))
 
-    @mutation(lambda expired: pb.ExpireResumableResponse(expired=expired))
+    @mutation(lambda expired: pb.ExpireResumableResponse(expired=_sessions(expired)))
     async def ExpireResumable(  # noqa: N802
         self, request: pb.ExpireResumableRequest, context: Context
-    ) -> list[pb.Session]:
+    ) -> list[records.Session]:
         return await self.continuity.expire_resumable(request.agent)

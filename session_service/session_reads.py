@@ -8,9 +8,17 @@ from dataclasses import replace
 
 from session_service.checks import agent_name, checked_session_id
 from session_service.core import Core
+from session_service.records import (
+    Agent,
+    Event,
+    MessageAppended,
+    QueuedMessage,
+    Session,
+    SessionState,
+    SessionStatus,
+)
 from switchboard import pagination, validation
 from switchboard.errors import InvalidArgument, NotFound
-from switchboard.session.v1 import session_service_pb2 as pb
 
 
 class SessionReads:
@@ -19,20 +27,20 @@ class SessionReads:
         self.store = core.store
         self.runner = core.runner
 
-    async def get_session(self, agent: str, session_id: str) -> pb.Session:
+    async def get_session(self, agent: str, session_id: str) -> Session:
         agent_name("agent", agent)
         checked_session_id(session_id)
 
-        def op() -> pb.Session:
+        def op() -> Session:
             return self.core.summary(session_id, self.core.session_of(agent, session_id))
 
         return await self.runner.read(op)
 
     async def list_sessions(
         self, agent: str, status: int, transport: str, page_size: int, page_token: str
-    ) -> tuple[list[pb.Session], str]:
+    ) -> tuple[list[Session], str]:
         agent_name("agent", agent)
-        if status not in pb.SessionStatus.values():
+        if status not in set(SessionStatus):
             raise InvalidArgument("status", f"{status} is not a known SessionStatus")
         if transport:
             validation.platform("transport", transport)
@@ -41,7 +49,7 @@ class SessionReads:
         position = pagination.position_of(page_token, filters, int)
         before = position[0] if position else None
 
-        def op() -> tuple[list[pb.Session], str]:
+        def op() -> tuple[list[Session], str]:
             if self.store.agent_index(agent) is None:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {agent!r} does not exist")
             rows = self.store.list_sessions(agent, status, transport, before, size + 1)
@@ -63,7 +71,7 @@ class SessionReads:
         include_abandoned: bool = False,
         before: int = 0,
         page_token: str = "",
-    ) -> tuple[list[pb.QueuedMessage], str]:
+    ) -> tuple[list[QueuedMessage], str]:
         """A page of the history, oldest first, and the token of the next page in the
         same direction: newer messages, or with `newest` older ones."""
         agent_name("agent", agent)
@@ -76,9 +84,10 @@ class SessionReads:
         if position is not None:  # the bound that moves: the lower one forwards
             after, before = (after, position[0]) if newest else (position[0], before)
 
-        def op() -> tuple[list[pb.QueuedMessage], str]:
+        def op() -> tuple[list[QueuedMessage], str]:
             index = self.core.session_of(agent, session_id)
-            shared = self.core.summary(session_id, index).lineage.shares_parent_history
+            lineage = self.core.summary(session_id, index).lineage
+            shared = lineage is not None and lineage.shares_parent_history
             events, more = self.store.history(
                 session_id,
                 after,
@@ -95,12 +104,13 @@ class SessionReads:
                 else set()
             )
             messages = [
-                pb.QueuedMessage(
+                QueuedMessage(
                     sequence=e.sequence,
-                    message=e.message_appended.message,
+                    message=e.body.message,
                     abandoned=e.sequence in abandoned,
                 )
                 for e in events
+                if isinstance(e.body, MessageAppended)  # what the store's history reads
             ]
             edge = (events[0] if newest else events[-1]).sequence if events else 0
             return messages, pagination.encode([edge], filters) if more else ""
@@ -109,11 +119,11 @@ class SessionReads:
         # the two statements cannot hand back rows the sizes did not count.
         return await self.runner.read(op, consistent=True)
 
-    async def state(self, agent: str, session_id: str) -> tuple[pb.SessionState, pb.Agent]:
+    async def state(self, agent: str, session_id: str) -> tuple[SessionState, Agent]:
         agent_name("agent", agent)
         checked_session_id(session_id)
 
-        def op() -> tuple[pb.SessionState, pb.Agent]:
+        def op() -> tuple[SessionState, Agent]:
             self.core.session_of(agent, session_id)
             state = self.store.session_state(session_id)
             owner = self.store.agent_state(agent)
@@ -137,7 +147,7 @@ class SessionReads:
         result: int = await self.runner.write(op)
         return result
 
-    def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[pb.Event]:
+    def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[Event]:
         """Events after `after`, then live ones as they commit (`watching.Watching`)."""
         if agent:
             agent_name("agent", agent)

@@ -21,6 +21,7 @@ from session_service.log_store import (
     agent_entity,
     session_entity,
 )
+from session_service.records import Agent, Checkpoint, Event, RewindApplied, Rewound, SessionState
 from session_service.timeline import Changes, Timeline, changes
 from switchboard.errors import (
     AlreadyExists,
@@ -29,8 +30,6 @@ from switchboard.errors import (
     NotFound,
     OutOfRange,
 )
-from switchboard.proto_time import timestamp
-from switchboard.session.v1 import session_service_pb2 as pb
 
 _LABEL = re.compile(r"[\w.:-]{1,128}", re.ASCII)
 
@@ -71,7 +70,7 @@ class Move:
     #: The sequence whose state is (or would be) current.
     to_sequence: int
     #: The record logged; None in preview and when nothing changed.
-    record: pb.Event | None
+    record: Event | None
     #: Nothing after the target was active (nothing to restore): nothing written.
     unchanged: bool
     #: Agents and sessions whose events move, at most `MAX_LISTED_EFFECTS`.
@@ -82,7 +81,7 @@ class Move:
     restored: int
 
 
-def _answer(target: int, effects: list[EntityEffect], record: pb.Event | None) -> Move:
+def _answer(target: int, effects: list[EntityEffect], record: Event | None) -> Move:
     counted = [effect for effect in effects if effect.counted]
     return Move(
         to_sequence=target,
@@ -95,8 +94,9 @@ def _answer(target: int, effects: list[EntityEffect], record: pb.Event | None) -
     )
 
 
-def _checkpoint_pb(label: str, seq: int, created_at: float) -> pb.Checkpoint:
-    return pb.Checkpoint(label=label, sequence=seq, create_time=timestamp(created_at))
+def checkpoint_of(label: str, seq: int, created_at: float) -> Checkpoint:
+    """A checkpoint as its row keeps it (`created_at`: epoch seconds)."""
+    return Checkpoint(label=label, sequence=seq, create_time=round(created_at * 1e9))
 
 
 class TimeTravel:
@@ -107,16 +107,16 @@ class TimeTravel:
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    async def create_checkpoint(self, label: str) -> pb.Checkpoint:
+    async def create_checkpoint(self, label: str) -> Checkpoint:
         _checked_label("label", label)
 
-        def op(now: float) -> pb.Checkpoint:
+        def op(now: float) -> Checkpoint:
             head = self.store.head()
             if not self.store.add_checkpoint(label, head, now):
                 raise AlreadyExists("CHECKPOINT_EXISTS", f"checkpoint {label!r} exists already")
-            return _checkpoint_pb(label, head, now)
+            return checkpoint_of(label, head, now)
 
-        result: pb.Checkpoint = await self.core.runner.write(op)
+        result: Checkpoint = await self.core.runner.write(op)
         return result
 
     # -- moving the log ---------------------------------------------------------------------
@@ -250,10 +250,8 @@ class TimeTravel:
         effects: list[EntityEffect],
         checkout: bool,
         checkpoint: str,
-    ) -> pb.Event:
-        record = pb.Event(
-            rewound=pb.Rewound(to_sequence=target, checkout=checkout, checkpoint=checkpoint)
-        )
+    ) -> Event:
+        record = Event(body=Rewound(to_sequence=target, checkout=checkout, checkpoint=checkpoint))
         [logged] = self.store.append([record], now)
         self.store.add_rewind(logged.sequence, target)
         for first, last in planned.abandoned:
@@ -275,28 +273,28 @@ class TimeTravel:
         self,
         now: float,
         rewind_sequence: int,
-        session_states: dict[str, pb.SessionState | None],
-        agent_states: dict[str, pb.Agent | None],
+        session_states: dict[str, SessionState | None],
+        agent_states: dict[str, Agent | None],
     ) -> None:
         """Logs a RewindApplied for each agent and session the move changed, with a
         version above every version it ever had, and folds it into its state: a
         version read before the move can never match after it (no ABA)."""
-        applied = pb.RewindApplied(rewind_sequence=rewind_sequence)
+        applied = RewindApplied(rewind_sequence=rewind_sequence)
         events = [
-            pb.Event(
+            Event(
                 agent=state.session.agent,
                 session_id=session_id,
                 session_version=self.store.highest_version(session_entity(session_id)) + 1,
-                rewind_applied=applied,
+                body=applied,
             )
             for session_id, state in session_states.items()
-            if state is not None
+            if state is not None and state.session is not None
         ]
         events += [
-            pb.Event(
+            Event(
                 agent=name,
                 agent_version=self.store.highest_version(agent_entity(name)) + 1,
-                rewind_applied=applied,
+                body=applied,
             )
             for name, agent in agent_states.items()
             if agent is not None

@@ -27,10 +27,11 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 
+from session_service import convert
 from session_service.log_store import LOG_CHANNEL, LogStore
+from session_service.records import Event
 from switchboard.errors import Aborted, DomainError, ResourceExhausted
 from switchboard.runner import TransactionRunner
-from switchboard.session.v1 import session_service_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class _Watcher:
     #: Live events after this sequence are queued; the catch-up covers those up to it.
     live_after: int
     limits: WatchLimits
-    queue: deque[tuple[pb.Event, int]] = field(default_factory=deque)
+    queue: deque[tuple[Event, int]] = field(default_factory=deque)
     queued_bytes: int = 0
     catching_up: bool = True
     #: The last sequence handed to the caller (the resume point).
@@ -65,14 +66,14 @@ class _Watcher:
     too_slow: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def wants(self, event: pb.Event, kind: str | None) -> bool:
+    def wants(self, event: Event, kind: str | None) -> bool:
         if kind == "rewound":
             return True  # a rewind concerns every watcher, as in the stored reads
         return (not self.agent or event.agent == self.agent) and (
             not self.session_id or event.session_id == self.session_id
         )
 
-    def offer(self, event: pb.Event, size: int) -> None:
+    def offer(self, event: Event, size: int) -> None:
         if event.sequence <= self.live_after or self.too_slow:
             return
         limits = self.limits
@@ -91,7 +92,7 @@ class _Watcher:
         self.queued_bytes += size
         self.wake.set()
 
-    def pop(self) -> pb.Event:
+    def pop(self) -> Event:
         event, size = self.queue.popleft()
         self.queued_bytes -= size
         return event
@@ -152,7 +153,7 @@ class Watching:
 
     # -- watching ---------------------------------------------------------------------------
 
-    async def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[pb.Event]:
+    async def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[Event]:
         """Events after `after`, then live ones as they commit, until the caller leaves."""
         if session_id:
             # A session the caller cannot see is NOT_FOUND at once, as on every other
@@ -176,7 +177,7 @@ class Watching:
         finally:
             self._unsubscribe(watcher)
 
-    async def _caught_up(self, watcher: _Watcher) -> AsyncIterator[pb.Event]:
+    async def _caught_up(self, watcher: _Watcher) -> AsyncIterator[Event]:
         """The stored events after `watcher.sent` up to its live point, page by page."""
         limits = self.limits
         while watcher.sent < watcher.live_after:
@@ -268,14 +269,16 @@ class Watching:
                 self._offer(event)
                 self._head = event.sequence
 
-    def _offer(self, event: pb.Event) -> None:
-        kind = event.WhichOneof("body")
-        size = event.ByteSize()
-        for watcher in self._candidates(event, kind):
-            if watcher.wants(event, kind):
-                watcher.offer(event, size)
+    def _offer(self, event: Event) -> None:
+        kind = event.body.kind
+        wanting = [w for w in self._candidates(event, kind) if w.wants(event, kind)]
+        if not wanting:
+            return  # sized only when someone takes it: the size costs an encoding
+        size = convert.encoded_size(event)
+        for watcher in wanting:
+            watcher.offer(event, size)
 
-    def _candidates(self, event: pb.Event, kind: str | None) -> Iterable[_Watcher]:
+    def _candidates(self, event: Event, kind: str | None) -> Iterable[_Watcher]:
         if kind == "rewound":
             return list(self._watchers)
         found = list(self._everyone)

@@ -24,7 +24,7 @@ import grpc
 import psycopg2
 import pytest
 
-from session_service import storage_format
+from session_service import convert, storage_format
 from switchboard.session.v1 import session_service_pb2 as spb
 from tests.harness import ServerProcess
 
@@ -137,7 +137,7 @@ def session_log(url: str) -> tuple[int, list[spb.Event]]:
     rows = sql(url, "SELECT seq, kind, format, payload FROM session_log ORDER BY seq")
     events = []
     for seq, kind, fmt, payload in rows:
-        event = storage_format.decode_event(int(fmt), payload)
+        event = convert.event_pb(storage_format.decode_event(int(fmt), payload))
         assert (event.sequence, event.WhichOneof("body")) == (seq, kind), f"row {seq} vs payload"
         events.append(event)
     return int(head), events

@@ -21,7 +21,7 @@ import grpc
 import pytest
 
 from delivery_service.records import NewObligation
-from session_service import recovery, replay
+from session_service import convert, records, recovery, replay
 from session_service.app import SessionUnit
 from session_service.log_store import session_entity
 from switchboard.database import DatabaseSettings
@@ -248,7 +248,7 @@ def _check_replay(url: str, address: str, sessions: set[str]) -> None:
             stub = spb_grpc.SessionServiceStub(channel)
             for session_id in sorted(sessions):
                 with unit.store.database.connection_context():
-                    replayed = spb.SessionState()
+                    replayed = records.SessionState()
                     for event in unit.store.entity_events(session_entity(session_id), 0):
                         replay.apply_to_session(replayed, event)
                     cached = unit.store.session_state(session_id)
@@ -257,7 +257,9 @@ def _check_replay(url: str, address: str, sessions: set[str]) -> None:
                     spb.GetSessionStateRequest(agent="main", session_id=session_id),
                     timeout=CALL_TIMEOUT_S,
                 ).state
-                assert served == replayed, f"served state of {session_id} differs from a replay"
+                assert served == convert.to_pb(replayed), (
+                    f"served state of {session_id} differs from a replay"
+                )
     finally:
         unit.close()
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from session_service import convert, records
 from session_service.core import SessionLimits
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
@@ -61,3 +62,8 @@ def append(
     if expected_version is not None:
         request.expected_version = expected_version
     return stub.AppendEvents(request)
+
+
+def as_record(message: Any) -> Any:
+    """The core's record of a message (for tests calling the core's pure functions)."""
+    return convert.to_record(getattr(records, type(message).__name__), message)

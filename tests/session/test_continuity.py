@@ -9,7 +9,7 @@ import grpc
 import pytest
 from google.protobuf import duration_pb2
 
-from session_service import freshness, recovery
+from session_service import freshness, records, recovery
 from session_service.core import SessionLimits
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
@@ -166,14 +166,14 @@ def test_idle_reset_is_opt_in(service: InProcessSession) -> None:
 
 
 def test_daily_reset_after_the_configured_hour() -> None:
-    daily = pb.AgentSettings(reset=pb.ResetPolicy(mode=pb.RESET_MODE_DAILY, daily_at_hour=4))
-    session = pb.Session()
+    reset = records.ResetPolicy(mode=records.ResetMode.DAILY, daily_at_hour=4)
+    daily = records.AgentSettings(reset=reset)
     now = 1_767_326_400.0  # 2026-01-02 04:00:00 UTC
-    session.update_time.FromSeconds(int(now) - 60)  # 03:59, before today's boundary
+    session = records.Session(update_time=(int(now) - 60) * 10**9)  # 03:59, before the boundary
     assert freshness.reset_reason(daily, session, now + 1) == "daily"
-    session.update_time.FromSeconds(int(now) + 1)  # 04:00:01, after it
+    session.update_time = (int(now) + 1) * 10**9  # 04:00:01, after it
     assert freshness.reset_reason(daily, session, now + 3600) is None
-    assert freshness.reset_reason(pb.AgentSettings(), session, now + 86400 * 3) is None
+    assert freshness.reset_reason(records.AgentSettings(), session, now + 86400 * 3) is None
 
 
 # -- who holds a mark -------------------------------------------------------------------------
@@ -248,8 +248,9 @@ def test_the_holder_survives_a_restart_snapshots_and_a_rebuild(
         assert [(s.session_id, s.resume_holder) for s in listed] == [(session_id, holder)]
         store: Any = after.unit.store
         with store.database.connection_context():
-            snapshot = store.latest_snapshot(f"session:{session_id}", pb.SessionState)
+            snapshot = store.latest_snapshot(f"session:{session_id}", records.SessionState)
             assert snapshot is not None
+            assert snapshot[1].session is not None
             assert snapshot[1].session.resume_holder == holder
             store.delete_snapshots()
         report = recovery.rebuild(after.unit.core)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from session_service import recovery
+from session_service import records, recovery
 from session_service.agents import Agents
 from session_service.conversations import Conversations
 from switchboard import pagination
@@ -183,14 +183,19 @@ def test_a_fork_made_by_a_release_that_copied_the_history_still_reads_its_copy(
     [a] = _say(service, parent, "a")
     sessions = service.unit.core
     conversations = Conversations(sessions, Agents(sessions))
-    lineage = pb.Lineage(parent_session_id=parent, parent_agent="main", forked_at_sequence=a)
+    lineage = records.Lineage(parent_session_id=parent, parent_agent="main", forked_at_sequence=a)
 
-    def copying_fork(now: float) -> pb.Session:
+    def copying_fork(now: float) -> records.Session:
         opened = conversations.open_session(
-            now, "main", "old-fork", "", pb.Source(), lineage=lineage
+            now, "main", "old-fork", "", records.Source(), lineage=lineage
         )
-        copy = pb.Event(agent="main", session_id="old-fork", session_version=opened.version + 1)
-        copy.message_appended.message.CopyFrom(pb.Message(role=pb.ROLE_USER, content="a"))
+        message = records.Message(role=records.Role.USER, content="a")
+        copy = records.Event(
+            agent="main",
+            session_id="old-fork",
+            session_version=opened.version + 1,
+            body=records.MessageAppended(message=message),
+        )
         sessions.log(now, [copy])
         return opened
 

@@ -14,6 +14,7 @@ from typing import Any
 import grpc
 import pytest
 
+from session_service import convert, records
 from session_service.app import SessionUnit
 from session_service.migrations import SESSION_SCHEMA
 from session_service.time_travel import TimeTravel
@@ -69,12 +70,14 @@ def _build_batch(unit: SessionUnit, session_id: str, first: int, count: int) -> 
             assert index is not None
             events = []
             for offset, body in enumerate(_pair(i)):
-                event = pb.Event(
-                    agent="main", session_id=session_id, session_version=index.version + offset + 1
+                record = convert.input_body(body)
+                assert record is not None
+                event = records.Event(
+                    agent="main",
+                    session_id=session_id,
+                    session_version=index.version + offset + 1,
+                    body=record,
                 )
-                name = body.WhichOneof("body")
-                assert name is not None
-                getattr(event, name).CopyFrom(getattr(body, name))
                 events.append(event)
             logged = unit.core.log(now, events, index)
             moved = travel.rewind_within(now, logged[1].sequence)

@@ -7,10 +7,10 @@ from typing import Any
 import grpc
 import pytest
 
-from session_service import permissions
+from session_service import permissions, records
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import InProcessSession
-from tests.session.conftest import append, create_agent, resolve, user_message, web
+from tests.session.conftest import append, as_record, create_agent, resolve, user_message, web
 from tests.status import error_reason
 
 ALLOW, DENY = pb.PERMISSION_EFFECT_ALLOW, pb.PERMISSION_EFFECT_DENY
@@ -52,8 +52,8 @@ AGENT = pb.Agent(
 def test_decisions(
     action: str, resource: str, narrowing: list[list[Any]], allowed: bool, decided_by: str
 ) -> None:
-    layers = [pb.Narrowing(rules=layer) for layer in narrowing]
-    decision = permissions.decide(AGENT, layers, action, resource)
+    layers = [as_record(pb.Narrowing(rules=layer)) for layer in narrowing]
+    decision = permissions.decide(as_record(AGENT), layers, action, resource)
     assert (decision.allowed, decision.rule) == (allowed, decided_by)
 
 
@@ -69,13 +69,14 @@ def test_decisions(
     ],
 )
 def test_paths_escaping_the_workspace_are_denied(resource: str) -> None:
-    decision = permissions.decide(AGENT, [], "fs.read", resource)
+    decision = permissions.decide(as_record(AGENT), [], "fs.read", resource)
     assert not decision.allowed and "escapes the workspace" in decision.reason
 
 
 def test_workspace_paths_are_normalized_before_matching() -> None:
-    assert permissions.decide(AGENT, [], "fs.read", "workspace:docs/./a/../b.md").allowed
-    assert not permissions.decide(AGENT, [], "fs.write", "workspace:x/../secrets/k").allowed
+    agent = as_record(AGENT)
+    assert permissions.decide(agent, [], "fs.read", "workspace:docs/./a/../b.md").allowed
+    assert not permissions.decide(agent, [], "fs.write", "workspace:x/../secrets/k").allowed
 
 
 @pytest.fixture
@@ -104,7 +105,7 @@ def test_check_permission_is_recorded_and_rewinds(team: InProcessSession) -> Non
     def audit() -> list[int]:
         with store.database.connection_context():
             events = store.entity_events(f"session:{session_id}", 0)
-        return [e.sequence for e in events if e.WhichOneof("body") == "permission_checked"]
+        return [e.sequence for e in events if isinstance(e.body, records.PermissionChecked)]
 
     assert audit() == [answer.sequence]
     team.stub.Rewind(pb.RewindRequest(sequence=mark))
@@ -193,7 +194,7 @@ def test_delegating_to_a_non_peer_is_denied_and_audited(team: InProcessSession) 
     store: Any = team.unit.store
     with store.database.connection_context():
         events = store.entity_events(f"session:{session_id}", 0)
-    denials = [e.permission_checked for e in events if e.HasField("permission_checked")]
+    denials = [e.body for e in events if isinstance(e.body, records.PermissionChecked)]
     assert [(d.action, d.allowed) for d in denials] == [("peer.delegate", False)]
 
 

@@ -17,7 +17,7 @@ from switchboard import validation
 from switchboard.errors import InvalidArgument
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import EventLoopThread, session_server
-from tests.session.conftest import StartSession, create_agent, resolve, web
+from tests.session.conftest import StartSession, as_record, create_agent, resolve, web
 from tests.status import error_reason
 
 VECTORS = json.loads(
@@ -27,8 +27,8 @@ VECTORS = json.loads(
 
 @pytest.mark.parametrize("vector", VECTORS, ids=[v["name"] for v in VECTORS])
 def test_routing_key_vectors(vector: dict[str, Any]) -> None:
-    source = json_format.ParseDict(vector["source"], pb.Source())
-    policy = json_format.ParseDict(vector["policy"], pb.RoutingPolicy())
+    source = as_record(json_format.ParseDict(vector["source"], pb.Source()))
+    policy = as_record(json_format.ParseDict(vector["policy"], pb.RoutingPolicy()))
     routing.checked_source(source)
     # The vectors' redacted keys are unkeyed: servers without a PII key build them so.
     stored = routing.stored_source(source, Redactor() if vector["redact_pii"] else None)

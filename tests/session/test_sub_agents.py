@@ -19,7 +19,7 @@ from switchboard.auth import parse_tokens
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import EventLoopThread, InProcessSession, session_server
-from tests.session.conftest import create_agent, resolve, web
+from tests.session.conftest import as_record, create_agent, resolve, web
 from tests.status import error_details, error_reason
 
 ALLOW, DENY = pb.PERMISSION_EFFECT_ALLOW, pb.PERMISSION_EFFECT_DENY
@@ -344,8 +344,11 @@ def test_glob_containment_never_accepts_a_wider_pattern(inner: str, outer: str) 
 
 
 def test_a_broken_lineage_is_allowed_nothing() -> None:
-    child = pb.Agent(name="c", parent="p", permissions=[rule(ALLOW, "*")])
-    looped = {"p": pb.Agent(name="p", parent="q"), "q": pb.Agent(name="q", parent="p")}
+    child = as_record(pb.Agent(name="c", parent="p", permissions=[rule(ALLOW, "*")]))
+    looped = {
+        "p": as_record(pb.Agent(name="p", parent="q")),
+        "q": as_record(pb.Agent(name="q", parent="p")),
+    }
     lineage = permissions.ancestry(child, looped.get)
     assert lineage.reason == "PARENT_CYCLE"
     decision = permissions.decide(child, [], "fs.read", "x", lineage)
