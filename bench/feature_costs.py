@@ -27,7 +27,6 @@ curve of `bench.db_latency` and the counts of `tests/test_database_faults.py`.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -147,15 +146,12 @@ def report(costs: list[Cost]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.feature_costs",
-        description="The access log's and request ids' cost, each as a ratio to neither.",
+    return harness.standalone_main(
+        "python -m bench.feature_costs",
+        "The access log's and request ids' cost, each as a ratio to neither.",
+        lambda seconds, warmup_s: render(measure(seconds, warmup_s)),
+        argv,
     )
-    parser.add_argument("--quick", action="store_true", help="3 s per measurement")
-    args = parser.parse_args(argv)
-    seconds, warmup_s = (3.0, 1.0) if args.quick else (10.0, 2.0)
-    print(render(measure(seconds, warmup_s)))
-    return 0
 
 
 if __name__ == "__main__":

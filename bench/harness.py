@@ -7,6 +7,7 @@ as JSON, and the server's per-thread CPU is sampled from /proc around it.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -153,3 +154,16 @@ def py_spy_profile(
             sections.append(f"py-spy wrote nothing: {recorder.log.strip()[-1000:]}")
         sections.append(profile_report.summarise_py_spy(path))
     return "\n".join(sections)
+
+
+def standalone_main(
+    prog: str, description: str, run: Callable[[float, float], str], argv: list[str] | None
+) -> int:
+    """`python -m bench.X [--quick]` for a section that also runs inside `python -m bench`:
+    `run(seconds, warmup_s)` measures and returns the section's table."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--quick", action="store_true", help="3 s per measurement")
+    args = parser.parse_args(argv)
+    seconds, warmup_s = (3.0, 1.0) if args.quick else (10.0, 2.0)
+    print(run(seconds, warmup_s))
+    return 0

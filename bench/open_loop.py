@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import resource
 import sys
 import time
@@ -43,12 +42,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench import delivery_cycle, session_load
 from bench.session_load import message_event
 from bench.stats import percentile, summarise
-from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
 from switchboard.session.v1 import session_service_pb2 as spb
 from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
@@ -110,53 +108,11 @@ def noop_operation(channel: grpc.aio.Channel, calls: int) -> Operation:
 
 async def delivery_operation(channel: grpc.aio.Channel) -> Operation:
     stub = dpb_grpc.DeliveryServiceStub(channel)
-    registered = await stub.RegisterInstance(
-        dpb.RegisterInstanceRequest(
-            gateway_name="bench-open-loop",
-            host="bench",
-            pid=os.getpid(),
-            platforms=["slack"],
-            lease_ttl=duration_pb2.Duration(seconds=3600),
-        ),
-        timeout=OP_TIMEOUT_S,
-    )
-    instance_id = registered.instance.instance_id
+    instance_id = await delivery_cycle.register_instance(stub)
     tag = uuid.uuid4().hex[:8]  # contents stay unique across runs on one database
 
     async def operation(k: int) -> None:
-        conversation = k % CONVERSATIONS
-        recorded = await stub.RecordObligation(
-            dpb.RecordObligationRequest(
-                instance_id=instance_id,
-                session_key=f"agent:bench:slack:channel:O{conversation}",
-                message_ref=f"{tag}-{k}",
-                content=f"open loop {k}",
-                platform="slack",
-                chat_id=f"O{conversation}",
-                thread_id="171.001",
-            ),
-            timeout=OP_TIMEOUT_S,
-        )
-        row = recorded.obligation
-        if not recorded.created:
-            raise RuntimeError(f"obligation {row.id} existed already: contents not unique")
-        await stub.MarkAttempting(
-            dpb.MarkAttemptingRequest(
-                obligation_id=row.id, instance_id=instance_id, fence=row.fence
-            ),
-            timeout=OP_TIMEOUT_S,
-        )
-        delivered = await stub.MarkDelivered(
-            dpb.MarkDeliveredRequest(
-                obligation_id=row.id,
-                instance_id=instance_id,
-                fence=row.fence,
-                platform_message_id=f"pm-{k}",
-            ),
-            timeout=OP_TIMEOUT_S,
-        )
-        if delivered.obligation.state != dpb.OBLIGATION_STATE_DELIVERED:
-            raise RuntimeError(f"obligation {row.id} is not delivered after MarkDelivered")
+        await delivery_cycle.send_cycle(stub, instance_id, k % CONVERSATIONS, tag, k)
 
     return operation
 
@@ -164,19 +120,10 @@ async def delivery_operation(channel: grpc.aio.Channel) -> Operation:
 async def session_operation(channel: grpc.aio.Channel) -> Operation:
     stub = spb_grpc.SessionServiceStub(channel)
     agent = f"bench-{uuid.uuid4().hex[:12]}"  # unique on a database that outlives one run
-    await stub.CreateAgent(
-        spb.CreateAgentRequest(agent=spb.Agent(name=agent, display_name="bench agent")),
-        timeout=OP_TIMEOUT_S,
-    )
-    session_ids: list[str] = []
-    for n in range(CONVERSATIONS):
-        resolved = await stub.ResolveSession(
-            spb.ResolveSessionRequest(
-                agent=agent, source=spb.Source(transport="web", conversation_id=f"open-{n}")
-            ),
-            timeout=OP_TIMEOUT_S,
-        )
-        session_ids.append(resolved.session.session_id)
+    await session_load.create_agent(stub, agent)
+    session_ids = [
+        await session_load.resolve_session(stub, agent, f"open-{n}") for n in range(CONVERSATIONS)
+    ]
 
     async def operation(k: int) -> None:
         conversation = k % CONVERSATIONS

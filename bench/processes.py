@@ -21,7 +21,6 @@ processes over 1.
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -136,15 +135,12 @@ def render(points: list[Point]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.processes",
-        description="One server process against two on the same database.",
+    return harness.standalone_main(
+        "python -m bench.processes",
+        "One server process against two on the same database.",
+        lambda seconds, warmup_s: render(measure(seconds, warmup_s)),
+        argv,
     )
-    parser.add_argument("--quick", action="store_true", help="3 s per measurement")
-    args = parser.parse_args(argv)
-    seconds, warmup_s = (3.0, 1.0) if args.quick else (10.0, 2.0)
-    print(render(measure(seconds, warmup_s)))
-    return 0
 
 
 if __name__ == "__main__":
