@@ -55,9 +55,9 @@ class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     so the order is kept).
 
     Why: an access line per call, written and flushed alone, cost a write(2) per RPC
-    and woke whatever reads the pipe (a log collector) as often: 17-19 % of the calls
-    a server managed (`python -m bench.feature_costs`). Batched, a busy server writes
-    ten times a second. The price: a process killed with SIGKILL loses up to
+    and woke whatever reads the pipe (a log collector) as often. Batched, a busy
+    server writes ten times a second (`python -m bench.feature_costs` measures what
+    the access log still costs). The price: a process killed with SIGKILL loses up to
     `interval` s of INFO lines; an orderly exit (SIGTERM, `logging.shutdown`) writes
     them all.
     """
