@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from bench.stats import Measurement, summarise
+from bench.stats import Measurement, summarise, timed_loop
 
 SqliteSync = Literal["FULL", "NORMAL"]
 
@@ -90,32 +90,6 @@ def _row(owner: str, i: int, now: float, false: Any) -> tuple[Any, ...]:
         None,
         None,
     )
-
-
-def _timed_cycles(
-    name: str, cycle: Callable[[int], None], seconds: float, warmup_s: float
-) -> Measurement:
-    """Runs `cycle(i)` back to back for warmup + seconds; measures the last `seconds`."""
-    latencies: list[float] = []
-    start = time.perf_counter()
-    measure_from = start + warmup_s
-    stop_at = measure_from + seconds
-    completed = 0
-    i = 0
-    while True:
-        began = time.perf_counter()
-        if began >= stop_at:
-            break
-        cycle(i)
-        ended = time.perf_counter()
-        i += 1
-        if ended > stop_at:
-            break
-        if began >= measure_from:
-            latencies.append(ended - began)
-        if ended >= measure_from:
-            completed += 1
-    return summarise(name, 1, seconds, latencies, completed, channels=0)
 
 
 # -- SQLite -----------------------------------------------------------------------------------
@@ -184,7 +158,7 @@ def _sqlite_cycles(
         if moved != 2:
             raise RuntimeError("floor update missed its row")
 
-    return _timed_cycles(f"raw sqlite3 {sync}", cycle, seconds, warmup_s)
+    return timed_loop(f"raw sqlite3 {sync}", cycle, seconds, warmup_s)
 
 
 # -- Postgres ---------------------------------------------------------------------------------
@@ -259,7 +233,7 @@ def postgres_floor(url: str, seconds: float, warmup_s: float = 0.5) -> Measureme
             if inserted != 1 or moved != 2:
                 raise RuntimeError("floor transaction missed its row")
 
-        return _timed_cycles("raw psycopg2", cycle, seconds, warmup_s)
+        return timed_loop("raw psycopg2", cycle, seconds, warmup_s)
 
 
 # -- claim floors: recovering orphans ---------------------------------------------------------

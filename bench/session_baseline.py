@@ -21,9 +21,9 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import peewee
 
-from bench.baseline import SqliteSync, _timed_cycles
+from bench.baseline import SqliteSync
 from bench.session_load import message_content
-from bench.stats import Measurement
+from bench.stats import Measurement, timed_loop
 from switchboard.session.v1 import session_service_pb2 as pb
 
 
@@ -81,7 +81,7 @@ def _insert_loop(
                         payload=_payload(seq),
                     ).execute()
 
-            measurement = _timed_cycles(name, insert, seconds, warmup_s)
+            measurement = timed_loop(name, insert, seconds, warmup_s)
         finally:
             database.drop_tables([model])
     measurement.rpcs_per_cycle = 1

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -78,3 +79,27 @@ def summarise(
         errors=errors,
         channels=channels,
     )
+
+
+def timed_loop(
+    name: str, operation: Callable[[int], None], seconds: float, warmup_s: float
+) -> Measurement:
+    """Runs `operation(i)` back to back in this thread for warmup + seconds and measures
+    the last `seconds`: an operation counts if it ends inside the window, its latency
+    if it also began there (the floors' and the in-process peers' one loop)."""
+    latencies: list[float] = []
+    measure_from = time.perf_counter() + warmup_s
+    stop_at = measure_from + seconds
+    completed = 0
+    i = 0
+    while (began := time.perf_counter()) < stop_at:
+        operation(i)
+        ended = time.perf_counter()
+        i += 1
+        if ended > stop_at:
+            break
+        if began >= measure_from:
+            latencies.append(ended - began)
+        if ended >= measure_from:
+            completed += 1
+    return summarise(name, 1, seconds, latencies, completed)

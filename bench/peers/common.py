@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.session_load import MESSAGE_BYTES, message_content
-from bench.stats import Measurement, summarise
+from bench.stats import Measurement, summarise, timed_loop
 
 #: What a person runs to get the peers (the root pyproject's optional extra).
 EXTRA_HINT = "pip install -e '.[bench]'"
@@ -88,27 +88,9 @@ def sqlite_settings(connection: sqlite3.Connection) -> str:
 def timed_sync(
     name: str, operation: Callable[[int], None], seconds: float, warmup_s: float
 ) -> Measurement:
-    """`operation(i)` back to back, one thread; the last `seconds` are measured.
-
-    The same window rules as `bench.baseline._timed_cycles`: an operation counts
-    if it ends inside the window, and its latency if it also began there.
-    """
-    latencies: list[float] = []
-    measure_from = time.perf_counter() + warmup_s
-    stop_at = measure_from + seconds
-    completed = 0
-    i = 0
-    while (began := time.perf_counter()) < stop_at:
-        operation(i)
-        ended = time.perf_counter()
-        i += 1
-        if ended > stop_at:
-            break
-        if began >= measure_from:
-            latencies.append(ended - began)
-        if ended >= measure_from:
-            completed += 1
-    measurement = summarise(name, 1, seconds, latencies, completed)
+    """`operation(i)` back to back, one thread, timed by `bench.stats.timed_loop`;
+    one durable write per operation."""
+    measurement = timed_loop(name, operation, seconds, warmup_s)
     measurement.rpcs_per_cycle = 1
     return measurement
 
@@ -121,7 +103,7 @@ async def timed_async(
     warmup_s: float,
 ) -> Measurement:
     """`workers` closed-loop coroutines each awaiting `operation(worker, i)` back to back;
-    the same window rules as `timed_sync`, over all workers together."""
+    the same window rules as `bench.stats.timed_loop`, over all workers together."""
     latencies: list[float] = []
     completed = 0
     measure_from = time.perf_counter() + warmup_s
