@@ -50,6 +50,13 @@ def _list(**fields: Any) -> Call:
     return lambda stub, _g, _r: stub.ListObligations(pb.ListObligationsRequest(**fields))
 
 
+def _register(seconds: int, nanos: int = 0) -> Call:
+    lease = duration_pb2.Duration(seconds=seconds, nanos=nanos)
+    return lambda stub, _g, _r: stub.RegisterInstance(
+        pb.RegisterInstanceRequest(gateway_name="gw", lease_ttl=lease)
+    )
+
+
 INVALID: dict[str, tuple[Call, str]] = {
     "empty session_key": (_record(session_key=""), "session_key"),
     "traversal session_key": (_record(session_key="../../etc/passwd"), "session_key"),
@@ -106,6 +113,31 @@ INVALID: dict[str, tuple[Call, str]] = {
     "negative prune age": (
         lambda stub, _g, _r: stub.PruneObligations(
             pb.PruneObligationsRequest(older_than=duration_pb2.Duration(seconds=-1))
+        ),
+        "older_than",
+    ),
+    # Durations out of normal form: each would be read as another length of time.
+    "lease with nanos past a second": (_register(seconds=1, nanos=2_000_000_000), "lease_ttl"),
+    "lease of seconds and nanos with opposite signs": (
+        _register(seconds=60, nanos=-500_000_000),
+        "lease_ttl",
+    ),
+    "negative lease": (_register(seconds=-30), "lease_ttl"),
+    "retry_after with nanos past a second": (
+        _mark(
+            "MarkFailed",
+            retryable=True,
+            retry_after=duration_pb2.Duration(seconds=0, nanos=1_500_000_000),
+        ),
+        "retry_after",
+    ),
+    "retry_after of seconds and nanos with opposite signs": (
+        _mark("MarkFailed", retryable=True, retry_after=duration_pb2.Duration(seconds=-1, nanos=5)),
+        "retry_after",
+    ),
+    "prune age beyond a Duration's range": (
+        lambda stub, _g, _r: stub.PruneObligations(
+            pb.PruneObligationsRequest(older_than=duration_pb2.Duration(seconds=2**62))
         ),
         "older_than",
     ),
