@@ -309,13 +309,15 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.RewindRequest, context: Context
     ) -> Move:
         sequence = request.sequence if request.WhichOneof("target") == "sequence" else None
-        return await self.time_travel.rewind(sequence, request.checkpoint, request.preview)
+        return await self.time_travel.rewind(
+            sequence, request.checkpoint, request.preview, request.empty_log
+        )
 
     @mutation(lambda move: pb.CheckoutResponse(**_move_fields(move)))
     async def Checkout(  # noqa: N802
         self, request: pb.CheckoutRequest, context: Context
     ) -> Move:
-        return await self.time_travel.checkout(request.sequence, request.preview)
+        return await self.time_travel.checkout(request.sequence, request.preview, request.empty_log)
 
     @mutation(lambda done: pb.TruncateLogResponse(retained_from=done[0], deleted_count=done[1]))
     async def TruncateLog(  # noqa: N802

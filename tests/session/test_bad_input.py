@@ -180,6 +180,32 @@ INVALID: dict[str, tuple[Call, str]] = {
         ),
         "message.role",
     ),
+    # Dangerous operator calls: an unset field (which reads as 0) empties nothing.
+    "checkout without a sequence": (
+        lambda stub, _s: stub.Checkout(pb.CheckoutRequest()),
+        "sequence",
+    ),
+    "checkout preview without a sequence": (
+        lambda stub, _s: stub.Checkout(pb.CheckoutRequest(preview=True)),
+        "sequence",
+    ),
+    "checkout of a sequence with empty_log": (
+        lambda stub, _s: stub.Checkout(pb.CheckoutRequest(sequence=1, empty_log=True)),
+        "empty_log",
+    ),
+    "rewind without a target": (lambda stub, _s: stub.Rewind(pb.RewindRequest()), "target"),
+    "rewind to sequence 0 without empty_log": (
+        lambda stub, _s: stub.Rewind(pb.RewindRequest(sequence=0)),
+        "sequence",
+    ),
+    "rewind to a checkpoint with empty_log": (
+        lambda stub, _s: stub.Rewind(pb.RewindRequest(checkpoint="cp", empty_log=True)),
+        "empty_log",
+    ),
+    "truncate without below_sequence": (
+        lambda stub, _s: stub.TruncateLog(pb.TruncateLogRequest()),
+        "below_sequence",
+    ),
     # Agent settings: every duration and range.
     "idle_after of -1 s": (
         _agent_with(reset=pb.ResetPolicy(mode=pb.RESET_MODE_IDLE, idle_after=_span(-1))),
