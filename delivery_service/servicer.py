@@ -311,6 +311,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             request.to_gateway_name,
             list(request.obligation_ids),
             caller(),
+            request.from_no_gateway,
         )
 
     async def ListInstances(  # noqa: N802

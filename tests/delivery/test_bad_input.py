@@ -141,6 +141,21 @@ INVALID: dict[str, tuple[Call, str]] = {
         ),
         "older_than",
     ),
+    # An operator call whose empty field would mean "the rows of no known gateway".
+    "hand-over without a gateway to move from": (
+        lambda stub, _g, _r: stub.HandOverObligations(
+            pb.HandOverObligationsRequest(to_gateway_name="gw-2")
+        ),
+        "from_gateway_name",
+    ),
+    "hand-over of a named gateway with from_no_gateway": (
+        lambda stub, g, _r: stub.HandOverObligations(
+            pb.HandOverObligationsRequest(
+                from_gateway_name="test-gateway", from_no_gateway=True, to_gateway_name="gw-2"
+            )
+        ),
+        "from_no_gateway",
+    ),
 }
 
 
