@@ -15,6 +15,8 @@ from google.protobuf.json_format import MessageToJson
 from rich.console import Console
 from rich.table import Table
 
+from switchboard import secret_checks
+
 T = TypeVar("T")
 
 _session_address = click.option(
@@ -31,8 +33,28 @@ _delivery_address = click.option(
     show_default=True,
     help="DeliveryService host:port.",
 )
+
+
+def no_placeholder_token(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> str | None:
+    """A client's token that is a manifest placeholder (`CHANGE-ME-ADMIN`) is refused
+    here, with what to do, rather than sent: a server refuses to start with one."""
+    word = secret_checks.placeholder_word(value) if value else None
+    if word is not None:
+        raise click.BadParameter(
+            f"the token is a placeholder (it contains {word!r}): use one of the "
+            "services' real --auth-tokens"
+        )
+    return value
+
+
 _token = click.option(
-    "--token", default=None, envvar="SWITCHBOARD_TOKEN", help="Bearer token (admin for most)."
+    "--token",
+    default=None,
+    envvar="SWITCHBOARD_TOKEN",
+    callback=no_placeholder_token,
+    help="Bearer token (admin for most).",
 )
 
 
