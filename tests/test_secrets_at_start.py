@@ -13,6 +13,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -32,27 +33,28 @@ MANIFEST = secrets()
 PLACEHOLDER_TOKENS = MANIFEST["switchboard-auth"]["tokens"]
 PLACEHOLDER_PII_KEY = MANIFEST["switchboard-pii"]["key"]
 PLACEHOLDER_DATABASE_URL = MANIFEST["switchboard-postgres"]["url"]
-#: How long a refused start may take (imports included) before it counts as started.
+#: How long a process may take to exit once it refused (or was killed).
 REFUSAL_TIMEOUT_S = 60.0
 
 
 def _start(args: Sequence[str], env: dict[str, str]) -> tuple[int | None, str]:
-    """Runs `switchboard ARGS`: its exit code (None when it was still serving, then
-    stopped) and what it wrote to stderr."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "switchboard", "--log-format", "text", *args],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={"PATH": "/usr/bin:/bin", **env},
-    )
-    try:
-        _, errors = process.communicate(timeout=REFUSAL_TIMEOUT_S)
-        return process.returncode, errors
-    except subprocess.TimeoutExpired:
-        process.kill()
-        _, errors = process.communicate(timeout=30)
-        return None, errors
+    """Runs `switchboard ARGS`: its exit code (None when it started serving instead:
+    then it is stopped) and what it wrote to stderr."""
+    with tempfile.TemporaryFile("w+") as errors:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "switchboard", "--log-format", "text", *args],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+            env={"PATH": "/usr/bin:/bin", **env},
+        )
+        assert process.stdout is not None
+        started = any("ready;" in line for line in process.stdout)  # until it exits or serves
+        if started:
+            process.kill()
+        code = process.wait(timeout=REFUSAL_TIMEOUT_S)
+        errors.seek(0)
+        return None if started else code, errors.read()
 
 
 def _serve(which: str, database_url: str, env: dict[str, str]) -> tuple[int | None, str]:

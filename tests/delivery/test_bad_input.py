@@ -132,7 +132,7 @@ INVALID: dict[str, tuple[Call, str]] = {
         "retry_after",
     ),
     "retry_after of seconds and nanos with opposite signs": (
-        _mark("MarkFailed", retryable=True, retry_after=duration_pb2.Duration(seconds=-1, nanos=5)),
+        _mark("MarkFailed", retryable=True, retry_after=duration_pb2.Duration(seconds=5, nanos=-5)),
         "retry_after",
     ),
     "prune age beyond a Duration's range": (
