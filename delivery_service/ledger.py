@@ -66,6 +66,23 @@ def _gateway_name(field: str, value: str) -> str:
     return validation.text(field, value, max_len=128, required=True)
 
 
+def _checked_origin(from_gateway: str, from_no_gateway: bool) -> None:
+    """A hand-over moves the rows of no known gateway only when the caller says so."""
+    if not from_gateway and not from_no_gateway:
+        raise InvalidArgument(
+            "from_gateway_name",
+            "give the gateway whose owed rows move; the rows of no known gateway "
+            "(recorded before rows remembered their gateway) must be asked for "
+            "explicitly with from_no_gateway=true",
+        )
+    if from_gateway and from_no_gateway:
+        raise InvalidArgument(
+            "from_no_gateway",
+            f"names the rows of no known gateway; it cannot go with from_gateway_name "
+            f"{from_gateway[:128]!r}: give one or the other",
+        )
+
+
 def _visible(instance: Instance | None, caller: Caller) -> Instance | None:
     """The instance as the caller may see it: another principal's is not there at all."""
     return instance if instance is not None and caller.owns(instance) else None
@@ -556,11 +573,14 @@ class Ledger:
         to_gateway: str,
         obligation_ids: Sequence[str],
         caller: Caller = UNRESTRICTED,
+        from_no_gateway: bool = False,
     ) -> int:
         """Binds owed rows of one gateway to another (all of them, or the ids named);
-        returns how many moved. "" as `from_gateway` names the rows of no known gateway."""
+        returns how many moved. "" as `from_gateway` names the rows of no known gateway,
+        and only with `from_no_gateway`: "" is also what an unset field reads as."""
         _require_admin(caller, "HandOverObligations")
         validation.text("from_gateway_name", from_gateway, max_len=128)
+        _checked_origin(from_gateway, from_no_gateway)
         _gateway_name("to_gateway_name", to_gateway)
         if from_gateway == to_gateway:
             raise InvalidArgument("to_gateway_name", "must differ from from_gateway_name")

@@ -23,13 +23,13 @@ from delivery_service.records import (
     ObligationFilter,
 )
 from delivery_service.state_machine import State
-from switchboard import auth
+from switchboard import auth, validation
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from switchboard.errors import InvalidArgument
 from switchboard.idempotency import RequestStore
 from switchboard.mutations import Mutations
-from switchboard.proto_time import duration, seconds_of, timestamp
+from switchboard.proto_time import duration, timestamp
 
 Context = Any  # grpc.aio.ServicerContext; unused by these handlers
 Answer = TypeVar("Answer", bound=Message)
@@ -98,6 +98,15 @@ def obligation_pb(row: Obligation) -> pb.Obligation:
     )
 
 
+def seconds_given(request: Message, field: str) -> float | None:
+    """A request's Duration field as seconds (None when unset), checked by
+    `validation.duration`: normal form, never negative. The ledger checks each
+    one's own range."""
+    if not request.HasField(field):
+        return None
+    return validation.duration(field, getattr(request, field))
+
+
 def state_filter(value: int) -> State | None:
     if value == pb.OBLIGATION_STATE_UNSPECIFIED:
         return None
@@ -149,7 +158,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
     async def RegisterInstance(  # noqa: N802
         self, request: pb.RegisterInstanceRequest, context: Context
     ) -> Instance:
-        ttl = seconds_of(request.lease_ttl) if request.HasField("lease_ttl") else None
+        ttl = seconds_given(request, "lease_ttl")
         return await self.ledger.register_instance(
             request.gateway_name, request.host, request.pid, request.platforms, ttl, caller()
         )
@@ -211,7 +220,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
     async def MarkFailed(  # noqa: N802
         self, request: pb.MarkFailedRequest, context: Context
     ) -> Obligation:
-        retry_after = seconds_of(request.retry_after) if request.HasField("retry_after") else None
+        retry_after = seconds_given(request, "retry_after")
         return await self.ledger.mark_failed(
             request.obligation_id,
             request.instance_id,
@@ -291,10 +300,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
     async def PruneObligations(  # noqa: N802
         self, request: pb.PruneObligationsRequest, context: Context
     ) -> int:
-        older_than = seconds_of(request.older_than) if request.HasField("older_than") else None
-        if older_than is not None and older_than < 0:
-            raise InvalidArgument("older_than", "must not be negative")
-        return await self.ledger.prune(older_than, caller())
+        return await self.ledger.prune(seconds_given(request, "older_than"), caller())
 
     @mutation(handed_over_pb)
     async def HandOverObligations(  # noqa: N802
@@ -305,6 +311,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             request.to_gateway_name,
             list(request.obligation_ids),
             caller(),
+            request.from_no_gateway,
         )
 
     async def ListInstances(  # noqa: N802

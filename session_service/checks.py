@@ -10,10 +10,12 @@ from collections.abc import Sequence
 from session_service import convert, permissions
 from session_service.records import (
     Agent,
+    AgentSettings,
     EventBody,
     Message,
     MessageAppended,
     OutboxQueued,
+    ResetMode,
     Role,
     TaskSet,
     TempStateChanged,
@@ -34,6 +36,11 @@ MAX_SESSION_STATE_BYTES = 2 * 1024 * 1024
 #: sequence, time and versions, a redacted sender, and the answer's field framing.
 _LOGGED_EVENT_OVERHEAD = 128
 _NAMED_ROLES = frozenset(Role) - {Role.UNSPECIFIED}
+_RESET_MODES = frozenset(ResetMode)
+#: The longest freshness window or idle time an agent's settings take: a year and a day.
+MAX_POLICY_DURATION_S = 366 * 86400.0
+#: The shortest idle time before an idle reset: zero would reset at every message.
+MIN_IDLE_AFTER_S = 1.0
 
 
 def agent_name(field: str, value: str) -> str:
@@ -108,10 +115,30 @@ def checked_agent(agent: Agent) -> None:
         agent_name(f"agent.peers[{index}]", peer)
     if agent.parent:
         agent_name("agent.parent", agent.parent)
+    checked_settings(agent.settings)
     validation.string_map("agent.memory", agent.memory, max_entries=1000)
     size = convert.encoded_size(agent)
     if size > MAX_AGENT_BYTES:
         raise InvalidArgument("agent", f"is {size} bytes encoded; the limit is {MAX_AGENT_BYTES}")
+
+
+def checked_settings(settings: AgentSettings | None) -> None:
+    """The settings' ranges that are not durations (those are checked on the message,
+    by `validation.duration`, before it becomes a record)."""
+    reset = settings.reset if settings is not None else None
+    if reset is None:
+        return
+    if reset.mode not in _RESET_MODES:
+        raise InvalidArgument(
+            "agent.settings.reset.mode",
+            f"{int(reset.mode)} is not a ResetMode: give RESET_MODE_UNSPECIFIED (none), "
+            "RESET_MODE_IDLE or RESET_MODE_DAILY",
+        )
+    if reset.daily_at_hour > 23:
+        raise InvalidArgument(
+            "agent.settings.reset.daily_at_hour",
+            f"is {reset.daily_at_hour}; give an hour of the day, 0-23 (UTC)",
+        )
 
 
 def checked_input(index: int, body: EventBody | None, max_content_bytes: int) -> EventBody:

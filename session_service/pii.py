@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from switchboard import secret_checks
+
 #: The shortest server key accepted: 128 bits, so the key cannot be guessed either.
 MIN_KEY_BYTES = 16
 _DIGEST_CHARS = 12
@@ -110,7 +112,8 @@ def is_redacted_chat(platform: str, value: str) -> bool:
 def read_key(key_file: Path | None, key_value: str | None) -> bytes | None:
     """The key from a file (its trailing newline ignored) or given itself; None for none.
 
-    Raises `PiiKeyRefused` for both at once, an unreadable file or a short key."""
+    Raises `PiiKeyRefused` for both at once, an unreadable file, a short key, or one
+    that is no secret (a placeholder such as the manifest's, a repeated pattern)."""
     if key_file is not None and key_value is not None:
         raise PiiKeyRefused(
             "give the PII key one way: --pii-key-file (SWITCHBOARD_PII_KEY_FILE) or "
@@ -126,4 +129,8 @@ def read_key(key_file: Path | None, key_value: str | None) -> bytes | None:
     else:
         return None
     Redactor(key)  # refuses a short key here, with its message
+    # latin-1 maps each byte to one character: a key of random bytes is judged too.
+    problem = secret_checks.weakness(key.decode("latin-1"), min_chars=MIN_KEY_BYTES)
+    if problem is not None:
+        raise PiiKeyRefused(f"the PII key is not a secret: {problem}; {secret_checks.MAKE_ONE}")
     return key

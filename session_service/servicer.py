@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from session_service import convert, records
+from session_service import checks, convert, records
 from session_service.agents import Agents
 from session_service.continuity import Continuity
 from session_service.conversations import Conversations
@@ -18,7 +18,7 @@ from session_service.log_reads import LogQuery, LogReads
 from session_service.multi_agent import MultiAgent
 from session_service.session_reads import SessionReads
 from session_service.time_travel import Move, TimeTravel
-from switchboard import auth
+from switchboard import auth, validation
 from switchboard.idempotency import RequestStore
 from switchboard.mutations import Mutations
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -54,6 +54,31 @@ def _events(events: list[records.Event]) -> list[pb.Event]:
 def _record(kind: type[convert.R], message: Any) -> convert.R:
     """A request's message as a record (an unset one as its defaults, as pb reads it)."""
     return convert.to_record(kind, message)
+
+
+def _agent_input(message: pb.Agent) -> records.Agent:
+    """A request's agent as a record, its durations and times checked on the message
+    first: the record keeps nanoseconds, in which a Duration out of normal form (nanos
+    past a second, parts of opposite signs) would pass for another length of time."""
+    resume, reset = message.settings.resume, message.settings.reset
+    if resume.HasField("freshness_window"):
+        validation.duration(
+            "agent.settings.resume.freshness_window",
+            resume.freshness_window,
+            maximum_s=checks.MAX_POLICY_DURATION_S,
+        )
+    if reset.HasField("idle_after"):
+        validation.duration(
+            "agent.settings.reset.idle_after",
+            reset.idle_after,
+            minimum_s=checks.MIN_IDLE_AFTER_S,
+            maximum_s=checks.MAX_POLICY_DURATION_S,
+        )
+    # Ignored, but an update logs the agent as given: only times every reader can read.
+    for name in ("create_time", "update_time"):
+        if message.HasField(name):
+            validation.timestamp(f"agent.{name}", getattr(message, name))
+    return _record(records.Agent, message)
 
 
 class _Converted:
@@ -117,7 +142,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def CreateAgent(  # noqa: N802
         self, request: pb.CreateAgentRequest, context: Context
     ) -> records.Agent:
-        return await self.agents.create_agent(_record(records.Agent, request.agent))
+        return await self.agents.create_agent(_agent_input(request.agent))
 
     async def GetAgent(  # noqa: N802
         self, request: pb.GetAgentRequest, context: Context
@@ -137,7 +162,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.UpdateAgentRequest, context: Context
     ) -> records.Agent:
         return await self.agents.update_agent(
-            _record(records.Agent, request.agent), list(request.update_mask.paths)
+            _agent_input(request.agent), list(request.update_mask.paths)
         )
 
     @mutation(lambda agent: pb.DeleteAgentResponse(agent=_agent(agent)))
@@ -284,13 +309,15 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.RewindRequest, context: Context
     ) -> Move:
         sequence = request.sequence if request.WhichOneof("target") == "sequence" else None
-        return await self.time_travel.rewind(sequence, request.checkpoint, request.preview)
+        return await self.time_travel.rewind(
+            sequence, request.checkpoint, request.preview, request.empty_log
+        )
 
     @mutation(lambda move: pb.CheckoutResponse(**_move_fields(move)))
     async def Checkout(  # noqa: N802
         self, request: pb.CheckoutRequest, context: Context
     ) -> Move:
-        return await self.time_travel.checkout(request.sequence, request.preview)
+        return await self.time_travel.checkout(request.sequence, request.preview, request.empty_log)
 
     @mutation(lambda done: pb.TruncateLogResponse(retained_from=done[0], deleted_count=done[1]))
     async def TruncateLog(  # noqa: N802

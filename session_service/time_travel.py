@@ -40,6 +40,23 @@ def _checked_label(field: str, label: str) -> str:
     return label
 
 
+def _checked_target(sequence: int | None, empty_log: bool, goal: str) -> None:
+    """Sequence 0, the empty log, is reached only when the caller says it means it
+    (`empty_log`): 0 is also what an unset field reads as, and what a caller's
+    mistake computes, and a move there abandons every agent and session at once."""
+    if sequence == 0 and not empty_log:
+        raise InvalidArgument(
+            "sequence",
+            f"give the sequence to {goal}; 0 is the empty log (every agent and session "
+            "abandoned) and must be asked for explicitly with empty_log=true",
+        )
+    if empty_log and sequence != 0:
+        raise InvalidArgument(
+            "empty_log",
+            "goes with sequence 0 only (the empty log); leave it unset for any other target",
+        )
+
+
 #: Agents and sessions a move's answer lists; the totals count them all.
 MAX_LISTED_EFFECTS = 1000
 
@@ -121,17 +138,23 @@ class TimeTravel:
 
     # -- moving the log ---------------------------------------------------------------------
 
-    async def rewind(self, sequence: int | None, checkpoint: str, preview: bool = False) -> Move:
+    async def rewind(
+        self, sequence: int | None, checkpoint: str, preview: bool = False, empty_log: bool = False
+    ) -> Move:
         """Abandons everything after the target. Nothing to abandon: nothing is
-        written and the answer says so (`Move.unchanged`)."""
+        written and the answer says so (`Move.unchanged`). Target sequence 0 needs
+        `empty_log` (see `_checked_target`)."""
         if sequence is None and not checkpoint:
             raise InvalidArgument("target", "give a sequence or a checkpoint label")
+        _checked_target(sequence, empty_log, "rewind to")
         if checkpoint:
             _checked_label("checkpoint", checkpoint)
         plan = functools.partial(self._rewind_plan, sequence, checkpoint)
         return await self._run(plan, checkout=False, checkpoint=checkpoint, preview=preview)
 
-    async def checkout(self, sequence: int, preview: bool = False) -> Move:
+    async def checkout(self, sequence: int, preview: bool = False, empty_log: bool = False) -> Move:
+        """Sequence 0 needs `empty_log` (see `_checked_target`)."""
+        _checked_target(sequence, empty_log, "check out")
         plan = functools.partial(self._checkout_plan, sequence)
         return await self._run(plan, checkout=True, checkpoint="", preview=preview)
 
@@ -314,6 +337,13 @@ class TimeTravel:
     # -- retention --------------------------------------------------------------------------
 
     async def truncate(self, below: int) -> tuple[int, int]:
+        if below == 0:  # what an unset field reads as
+            raise InvalidArgument(
+                "below_sequence",
+                "give the lowest sequence to keep: events below it are deleted "
+                "(0 would delete nothing)",
+            )
+
         def op(_now: float) -> tuple[int, int]:
             self._check_reachable(below)
             blocking = self.store.entities_needing_events_below(below)

@@ -31,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from switchboard import secret_checks
 from switchboard.errors import PermissionDenied, Unauthenticated
 from switchboard.grpc_errors import WrappingInterceptor, rich_status
 
@@ -153,6 +154,20 @@ def check_sendable(grants: Mapping[str, Grant]) -> None:
         problem = unsendable(token)
         if problem is not None:
             raise ValueError(f"auth token {position}: {problem}")
+
+
+def check_secret(grants: Mapping[str, Grant]) -> None:
+    """Raises ValueError for a configured token that is a placeholder or too weak to be
+    a secret (`switchboard.secret_checks`): the manifests' placeholder tokens would let
+    in anyone who has read them. The message names the token by position and scope,
+    never by its value."""
+    for position, (token, grant) in enumerate(grants.items(), start=1):
+        problem = secret_checks.weakness(token, min_chars=secret_checks.MIN_TOKEN_CHARS)
+        if problem is not None:
+            raise ValueError(
+                f"auth token {position} (scope {grant.principal}) is not a secret: {problem}; "
+                f"{secret_checks.MAKE_ONE}"
+            )
 
 
 def _refused(problem: str) -> Unauthenticated:

@@ -8,13 +8,14 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import parse_qs, unquote, urlparse
 
 import click
 import peewee
 from prometheus_client import CollectorRegistry
 
-from switchboard import migrations, operators
-from switchboard.auth import check_sendable, parse_tokens
+from switchboard import migrations, operators, secret_checks
+from switchboard.auth import check_secret, check_sendable, parse_tokens
 from switchboard.database import Backend, DatabaseSettings, StartupRefused
 from switchboard.observability import (
     ACCESS_LEVELS,
@@ -50,6 +51,26 @@ def _from_environment_only(
             "give the key in SWITCHBOARD_PII_KEY or a file (--pii-key-file), never on the "
             "command line, where every user of the host can read it"
         )
+    return value
+
+
+def _real_database_password(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> str | None:
+    """A database URL whose password is a placeholder (the manifest's `CHANGE-ME`) or a
+    well-known default is refused before anything connects with it (click names the
+    option and, when it came from there, the environment variable)."""
+    if not value:
+        return value
+    parsed = urlparse(value)
+    passwords = [parsed.password or "", *parse_qs(parsed.query).get("password", [])]
+    for password in filter(None, passwords):
+        problem = secret_checks.weakness(unquote(password))
+        if problem is not None:
+            raise click.BadParameter(
+                f"the database password in this URL is not a secret: {problem}; "
+                "set the database user's real password in the URL (percent-encoded)"
+            )
     return value
 
 
@@ -147,6 +168,7 @@ def _relog(ctx: click.Context, log_level: str | None, log_format: str | None) ->
     envvar="SWITCHBOARD_SESSION_DATABASE_URL",
     help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
     "[default: sqlite:///DATA_DIR/session.sqlite3]",
+    callback=_real_database_password,
 )
 @click.option(
     "--snapshot-every",
@@ -168,6 +190,7 @@ def _relog(ctx: click.Context, log_level: str | None, log_format: str | None) ->
     envvar="SWITCHBOARD_DELIVERY_DATABASE_URL",
     help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
     "[default: sqlite:///DATA_DIR/delivery.sqlite3]",
+    callback=_real_database_password,
 )
 @click.option(
     "--sqlite-synchronous",
@@ -437,8 +460,11 @@ def serve(
     try:
         grants = parse_tokens(auth_tokens)
         check_sendable(grants)
+        check_secret(grants)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--auth-tokens") from exc
+        raise click.BadParameter(
+            str(exc), param_hint="--auth-tokens / SWITCHBOARD_AUTH_TOKENS"
+        ) from exc
     try:
         key = pii.read_key(pii_key_file, pii_key) if which in ("all", "session") else None
     except pii.PiiKeyRefused as exc:
@@ -530,6 +556,7 @@ def session() -> None:
     envvar="SWITCHBOARD_SESSION_DATABASE_URL",
     default=None,
     help="[default: sqlite:///DATA_DIR/session.sqlite3]",
+    callback=_real_database_password,
 )
 @click.option(
     "--data-dir",
@@ -633,12 +660,14 @@ def _schema_options(command: Callable[..., None]) -> Callable[..., None]:
                 default=None,
                 envvar="SWITCHBOARD_SESSION_DATABASE_URL",
                 help="[default: sqlite:///DATA_DIR/session.sqlite3]",
+                callback=_real_database_password,
             ),
             click.option(
                 "--delivery-database-url",
                 default=None,
                 envvar="SWITCHBOARD_DELIVERY_DATABASE_URL",
                 help="[default: sqlite:///DATA_DIR/delivery.sqlite3]",
+                callback=_real_database_password,
             ),
         ]
     ):
@@ -760,6 +789,7 @@ def _echo_agent(turn: Any) -> str:
     "--token",
     default=None,
     envvar="SWITCHBOARD_TOKEN",
+    callback=operators.no_placeholder_token,
     help="Bearer token for both services (when they run with --auth-tokens): admin, or "
     "one whose agents include --agent (it cannot create a missing agent).",
 )

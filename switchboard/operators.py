@@ -15,6 +15,8 @@ from google.protobuf.json_format import MessageToJson
 from rich.console import Console
 from rich.table import Table
 
+from switchboard import secret_checks
+
 T = TypeVar("T")
 
 _session_address = click.option(
@@ -31,8 +33,28 @@ _delivery_address = click.option(
     show_default=True,
     help="DeliveryService host:port.",
 )
+
+
+def no_placeholder_token(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> str | None:
+    """A client's token that is a manifest placeholder (`CHANGE-ME-ADMIN`) is refused
+    here, with what to do, rather than sent: a server refuses to start with one."""
+    word = secret_checks.placeholder_word(value) if value else None
+    if word is not None:
+        raise click.BadParameter(
+            f"the token is a placeholder (it contains {word!r}): use one of the "
+            "services' real --auth-tokens"
+        )
+    return value
+
+
 _token = click.option(
-    "--token", default=None, envvar="SWITCHBOARD_TOKEN", help="Bearer token (admin for most)."
+    "--token",
+    default=None,
+    envvar="SWITCHBOARD_TOKEN",
+    callback=no_placeholder_token,
+    help="Bearer token (admin for most).",
 )
 
 
@@ -64,6 +86,24 @@ def _with_sessions(address: str, token: str | None, use: Callable[[Any], T]) -> 
 
 
 _yes = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+_empty_log = click.option(
+    "--empty-log",
+    is_flag=True,
+    help="Mean sequence 0, the empty log (every agent and session abandoned); "
+    "needed with 0, refused with any other target.",
+)
+
+
+def _checked_empty_log(target: int | str, empty_log: bool) -> None:
+    """Sequence 0 empties the whole deployment: an operator says so with --empty-log
+    (a 0 from a script's unset variable must not do it)."""
+    if target == 0 and not empty_log:
+        raise click.UsageError(
+            "sequence 0 is the empty log (every agent and session abandoned): "
+            "add --empty-log if that is what you mean"
+        )
+    if empty_log and target != 0:
+        raise click.UsageError("--empty-log goes with sequence 0 only")
 
 
 def _confirmed_move(
@@ -391,34 +431,48 @@ def register(session: click.Group, main: click.Group) -> None:
 
     @session.command("rewind")
     @click.argument("target")
+    @_empty_log
     @_yes
     @_session_address
     @_token
-    def rewind(target: str, yes: bool, address: str, token: str | None) -> None:
+    def rewind(target: str, empty_log: bool, yes: bool, address: str, token: str | None) -> None:
         """Move every agent and session back to a sequence or a checkpoint label.
 
         Shows what it would abandon first and asks before doing it."""
         to: int | str = int(target) if target.isdigit() else target
-        if not _confirmed_move(address, token, lambda c: c.preview_rewind(to), yes):
+        _checked_empty_log(to, empty_log)
+
+        def preview(client: Any) -> Any:
+            return client.preview_rewind(to, empty_log=empty_log)
+
+        if not _confirmed_move(address, token, preview, yes):
             return
-        record = _with_sessions(address, token, lambda c: c.rewind(to))
+        record = _with_sessions(address, token, lambda c: c.rewind(to, empty_log=empty_log))
         if not record.sequence:
             click.echo("nothing to abandon: nothing written")
             return
         click.echo(f"rewound to {record.rewound.to_sequence} (record {record.sequence})")
 
     @session.command("checkout")
-    @click.argument("sequence", type=int)
+    @click.argument("sequence", type=click.IntRange(min=0))
+    @_empty_log
     @_yes
     @_session_address
     @_token
-    def checkout(sequence: int, yes: bool, address: str, token: str | None) -> None:
+    def checkout(
+        sequence: int, empty_log: bool, yes: bool, address: str, token: str | None
+    ) -> None:
         """Move to any sequence, abandoned branches included (undoes a rewind).
 
         Shows what it would abandon and restore first and asks before doing it."""
-        if not _confirmed_move(address, token, lambda c: c.preview_checkout(sequence), yes):
+        _checked_empty_log(sequence, empty_log)
+
+        def preview(client: Any) -> Any:
+            return client.preview_checkout(sequence, empty_log=empty_log)
+
+        if not _confirmed_move(address, token, preview, yes):
             return
-        record = _with_sessions(address, token, lambda c: c.checkout(sequence))
+        record = _with_sessions(address, token, lambda c: c.checkout(sequence, empty_log=empty_log))
         if not record.sequence:
             click.echo("nothing to change: nothing written")
             return
@@ -659,8 +713,12 @@ def register(session: click.Group, main: click.Group) -> None:
         click.echo(f"{row.id} abandoned")
 
     @delivery.command("hand-over")
+    @click.option("--from", "from_gateway", default="", help="Gateway name whose rows move.")
     @click.option(
-        "--from", "from_gateway", required=True, help='Gateway name ("" for rows of none).'
+        "--from-no-gateway",
+        is_flag=True,
+        help="Instead of --from: the rows of no known gateway (recorded before rows "
+        "remembered their gateway).",
     )
     @click.option("--to", "to_gateway", required=True, help="Gateway name that claims them now.")
     @click.option("--id", "obligation_ids", multiple=True, help="Only this row (repeatable).")
@@ -668,13 +726,21 @@ def register(session: click.Group, main: click.Group) -> None:
     @_token
     def hand_over(
         from_gateway: str,
+        from_no_gateway: bool,
         to_gateway: str,
         obligation_ids: tuple[str, ...],
         address: str,
         token: str | None,
     ) -> None:
         """Let another gateway's instances claim one gateway's owed rows (admin)."""
+        if bool(from_gateway) == from_no_gateway:
+            raise click.UsageError("give the rows' gateway with --from NAME, or --from-no-gateway")
         moved = _with_ledger(
-            address, token, lambda c: c.hand_over(from_gateway, to_gateway, obligation_ids)
+            address,
+            token,
+            lambda c: c.hand_over(
+                from_gateway, to_gateway, obligation_ids, from_no_gateway=from_no_gateway
+            ),
         )
-        click.echo(f"handed {moved} row(s) over from {from_gateway!r} to {to_gateway!r}")
+        origin = "no gateway" if from_no_gateway else repr(from_gateway)
+        click.echo(f"handed {moved} row(s) over from {origin} to {to_gateway!r}")

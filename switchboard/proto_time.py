@@ -17,7 +17,3 @@ def duration(seconds: float) -> duration_pb2.Duration:
     value = duration_pb2.Duration()
     value.FromNanoseconds(round(seconds * 1e9))
     return value
-
-
-def seconds_of(value: duration_pb2.Duration) -> float:
-    return value.seconds + value.nanos / 1e9

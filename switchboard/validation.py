@@ -13,6 +13,8 @@ import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 
+from google.protobuf import duration_pb2, timestamp_pb2
+
 from switchboard.errors import InvalidArgument
 
 # Strict ids refuse any "X:" prefix (Windows drive-relative paths like "C:x");
@@ -115,9 +117,78 @@ def seconds(
     field: str, value: float, *, minimum: float = 0.0, maximum: float | None = None
 ) -> float:
     if value < minimum:
+        if minimum == 0:
+            raise InvalidArgument(field, f"is {value:g} s; it must not be negative")
         raise InvalidArgument(field, f"must be at least {minimum:g} s")
     if maximum is not None and value > maximum:
         raise InvalidArgument(field, f"must be at most {maximum:g} s")
+    return value
+
+
+#: The range of google.protobuf.Duration (duration.proto): about 10,000 years either way.
+MAX_DURATION_SECONDS = 315_576_000_000
+#: The range of google.protobuf.Timestamp (timestamp.proto): 0001-01-01 to 9999-12-31 UTC.
+MIN_TIMESTAMP_SECONDS = -62_135_596_800
+MAX_TIMESTAMP_SECONDS = 253_402_300_799
+_NANOS_PER_SECOND = 1_000_000_000
+
+
+def duration(
+    field: str,
+    value: duration_pb2.Duration,
+    *,
+    minimum_s: float = 0.0,
+    maximum_s: float | None = None,
+) -> float:
+    """A google.protobuf.Duration as seconds, refused unless in the normal form
+    duration.proto defines and within [minimum_s, maximum_s].
+
+    Out of normal form (nanos past a second, or seconds and nanos of opposite signs)
+    a value means different lengths to different readers: protobuf's own JSON and
+    time conversions refuse it, and adding the parts up would silently accept it.
+    (protobuf checks the same only inside its JSON conversion, with terser messages.)
+    """
+    whole, nanos = value.seconds, value.nanos
+    if not -_NANOS_PER_SECOND < nanos < _NANOS_PER_SECOND:
+        raise InvalidArgument(
+            field,
+            f"nanos is {nanos}; it must lie within ±999,999,999 (carry whole seconds into seconds)",
+            reason="INVALID_DURATION",
+        )
+    if (whole > 0 > nanos) or (whole < 0 < nanos):
+        raise InvalidArgument(
+            field,
+            f"seconds ({whole}) and nanos ({nanos}) have opposite signs; give both "
+            "with the duration's sign",
+            reason="INVALID_DURATION",
+        )
+    if abs(whole) > MAX_DURATION_SECONDS:
+        raise InvalidArgument(
+            field,
+            f"seconds is {whole}; a Duration lies within ±{MAX_DURATION_SECONDS}",
+            reason="INVALID_DURATION",
+        )
+    total = whole + nanos / _NANOS_PER_SECOND
+    return seconds(field, total, minimum=minimum_s, maximum=maximum_s)
+
+
+def timestamp(field: str, value: timestamp_pb2.Timestamp) -> timestamp_pb2.Timestamp:
+    """A google.protobuf.Timestamp in the normal form timestamp.proto defines: nanos
+    within 0-999,999,999 and a time between the years 1 and 9999 (what every reader,
+    protobuf's JSON conversion included, can represent)."""
+    if not 0 <= value.nanos < _NANOS_PER_SECOND:
+        raise InvalidArgument(
+            field,
+            f"nanos is {value.nanos}; it must lie within 0-999,999,999",
+            reason="INVALID_TIMESTAMP",
+        )
+    if not MIN_TIMESTAMP_SECONDS <= value.seconds <= MAX_TIMESTAMP_SECONDS:
+        raise InvalidArgument(
+            field,
+            f"seconds is {value.seconds}; a Timestamp lies between the years 1 and 9999 "
+            f"({MIN_TIMESTAMP_SECONDS} to {MAX_TIMESTAMP_SECONDS})",
+            reason="INVALID_TIMESTAMP",
+        )
     return value
 
 

@@ -205,3 +205,28 @@ def test_rewind_preview_names_what_it_abandons(services: Services) -> None:
     assert services.sessions.history("main", later.session_id), "declined: nothing changed"
     done = services.run("session", "rewind", str(before), "--yes", *address)
     assert "rewound to" in done and "Go ahead?" not in done
+
+
+def test_the_empty_log_and_the_rows_of_no_gateway_are_asked_for_by_flag(
+    services: Services,
+) -> None:
+    """A 0 or an empty --from (a script's unset variable, say) moves nothing: the
+    operator says what they mean with --empty-log or --from-no-gateway."""
+    sessions, address = services.sessions, ["--address", services.session]
+    head = list(sessions.list_log_events())[-1].event.sequence
+    for move in ("checkout", "rewind"):
+        refused = services.run("session", move, "0", "--yes", *address, ok=False)
+        assert "sequence 0 is the empty log" in refused and "--empty-log" in refused
+        wrong = services.run("session", move, str(head), "--empty-log", "--yes", *address, ok=False)
+        assert "--empty-log goes with sequence 0 only" in wrong
+    assert list(sessions.list_log_events())[-1].event.sequence == head, "nothing written"
+    emptied = services.run("session", "checkout", "0", "--empty-log", "--yes", *address)
+    assert "checked out 0" in emptied and list(sessions.list_agents()) == []
+    services.run("session", "checkout", str(head), "--yes", *address)
+    assert [agent.name for agent in sessions.list_agents()] == ["main"]
+
+    ledger = ["--address", services.delivery]
+    unnamed = services.run("delivery", "hand-over", "--from", "", "--to", "gw2", *ledger, ok=False)
+    assert "--from NAME, or --from-no-gateway" in unnamed
+    moved = services.run("delivery", "hand-over", "--from-no-gateway", "--to", "gw2", *ledger)
+    assert "handed 0 row(s) over from no gateway to 'gw2'" in moved

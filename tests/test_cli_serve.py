@@ -69,8 +69,8 @@ def _calls(address: str, token: str | None = None) -> None:
 
 
 def test_every_call_is_logged_as_json_by_default_without_metrics(tmp_path: Path) -> None:
-    with _served(tmp_path, "--auth-tokens", "ops-token=admin") as (address, log):
-        _calls(address, token="ops-token")
+    with _served(tmp_path, "--auth-tokens", "ops-token-0123456789=admin") as (address, log):
+        _calls(address, token="ops-token-0123456789")
     lines = _access_lines(log)
     by_method = {line["method"]: line for line in lines}
     assert set(by_method) == {AGENTS, GET_AGENT}, lines
@@ -135,8 +135,8 @@ def test_every_option_shows_its_environment_variable() -> None:
 def test_operator_commands_read_the_token_and_address_from_the_environment(
     tmp_path: Path,
 ) -> None:
-    with _served(tmp_path, "--auth-tokens", "env-token=admin") as (address, _log):
-        env = {"SWITCHBOARD_SESSION_ADDRESS": address, "SWITCHBOARD_TOKEN": "env-token"}
+    with _served(tmp_path, "--auth-tokens", "env-token-0123456789=admin") as (address, _log):
+        env = {"SWITCHBOARD_SESSION_ADDRESS": address, "SWITCHBOARD_TOKEN": "env-token-0123456789"}
         answer = CliRunner().invoke(main, ["session", "agents"], env=env)
         assert answer.exit_code == 0, answer.output
         wrong = {**env, "SWITCHBOARD_TOKEN": "no"}

@@ -563,7 +563,7 @@ def test_rows_of_no_known_gateway_are_claimable_by_any_gateway_until_handed_over
     with delivery.unit.store.backend.database.connection_context():
         model.update(gateway_name="").execute()
     bind = pb.HandOverObligationsRequest(
-        from_gateway_name="", to_gateway_name="tgbot", obligation_ids=[second]
+        from_gateway_name="", from_no_gateway=True, to_gateway_name="tgbot", obligation_ids=[second]
     )
     assert delivery.stub.HandOverObligations(bind).handed_over_count == 1
     mainbot = Bot(delivery, None, "mainbot")

@@ -50,6 +50,13 @@ def _list(**fields: Any) -> Call:
     return lambda stub, _g, _r: stub.ListObligations(pb.ListObligationsRequest(**fields))
 
 
+def _register(seconds: int, nanos: int = 0) -> Call:
+    lease = duration_pb2.Duration(seconds=seconds, nanos=nanos)
+    return lambda stub, _g, _r: stub.RegisterInstance(
+        pb.RegisterInstanceRequest(gateway_name="gw", lease_ttl=lease)
+    )
+
+
 INVALID: dict[str, tuple[Call, str]] = {
     "empty session_key": (_record(session_key=""), "session_key"),
     "traversal session_key": (_record(session_key="../../etc/passwd"), "session_key"),
@@ -108,6 +115,46 @@ INVALID: dict[str, tuple[Call, str]] = {
             pb.PruneObligationsRequest(older_than=duration_pb2.Duration(seconds=-1))
         ),
         "older_than",
+    ),
+    # Durations out of normal form: each would be read as another length of time.
+    "lease with nanos past a second": (_register(seconds=1, nanos=2_000_000_000), "lease_ttl"),
+    "lease of seconds and nanos with opposite signs": (
+        _register(seconds=60, nanos=-500_000_000),
+        "lease_ttl",
+    ),
+    "negative lease": (_register(seconds=-30), "lease_ttl"),
+    "retry_after with nanos past a second": (
+        _mark(
+            "MarkFailed",
+            retryable=True,
+            retry_after=duration_pb2.Duration(seconds=0, nanos=1_500_000_000),
+        ),
+        "retry_after",
+    ),
+    "retry_after of seconds and nanos with opposite signs": (
+        _mark("MarkFailed", retryable=True, retry_after=duration_pb2.Duration(seconds=5, nanos=-5)),
+        "retry_after",
+    ),
+    "prune age beyond a Duration's range": (
+        lambda stub, _g, _r: stub.PruneObligations(
+            pb.PruneObligationsRequest(older_than=duration_pb2.Duration(seconds=2**62))
+        ),
+        "older_than",
+    ),
+    # An operator call whose empty field would mean "the rows of no known gateway".
+    "hand-over without a gateway to move from": (
+        lambda stub, _g, _r: stub.HandOverObligations(
+            pb.HandOverObligationsRequest(to_gateway_name="gw-2")
+        ),
+        "from_gateway_name",
+    ),
+    "hand-over of a named gateway with from_no_gateway": (
+        lambda stub, g, _r: stub.HandOverObligations(
+            pb.HandOverObligationsRequest(
+                from_gateway_name="test-gateway", from_no_gateway=True, to_gateway_name="gw-2"
+            )
+        ),
+        "from_no_gateway",
     ),
 }
 

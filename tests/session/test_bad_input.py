@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import field_mask_pb2
+from google.protobuf import duration_pb2, field_mask_pb2, timestamp_pb2
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
@@ -23,6 +23,24 @@ def _append(*events: pb.SessionEventInput, **fields: Any) -> Call:
     def call(stub: pb_grpc.SessionServiceStub, session_id: str) -> Any:
         request = {"agent": "main", "session_id": session_id, **fields}
         return stub.AppendEvents(pb.AppendEventsRequest(events=events, **request))
+
+    return call
+
+
+def _span(seconds: int, nanos: int = 0) -> duration_pb2.Duration:
+    return duration_pb2.Duration(seconds=seconds, nanos=nanos)
+
+
+def _agent_with(update: bool = False, **policies: Any) -> Call:
+    """CreateAgent (a new agent) or UpdateAgent (of "main") with these settings."""
+    settings = pb.AgentSettings(**policies)
+
+    def call(stub: pb_grpc.SessionServiceStub, _session_id: str) -> Any:
+        if update:
+            mask = field_mask_pb2.FieldMask(paths=["settings"])
+            agent = pb.Agent(name="main", settings=settings)
+            return stub.UpdateAgent(pb.UpdateAgentRequest(agent=agent, update_mask=mask))
+        return stub.CreateAgent(pb.CreateAgentRequest(agent=pb.Agent(name="x", settings=settings)))
 
     return call
 
@@ -162,6 +180,86 @@ INVALID: dict[str, tuple[Call, str]] = {
         ),
         "message.role",
     ),
+    # Dangerous operator calls: an unset field (which reads as 0) empties nothing.
+    "checkout without a sequence": (
+        lambda stub, _s: stub.Checkout(pb.CheckoutRequest()),
+        "sequence",
+    ),
+    "checkout preview without a sequence": (
+        lambda stub, _s: stub.Checkout(pb.CheckoutRequest(preview=True)),
+        "sequence",
+    ),
+    "checkout of a sequence with empty_log": (
+        lambda stub, _s: stub.Checkout(pb.CheckoutRequest(sequence=1, empty_log=True)),
+        "empty_log",
+    ),
+    "rewind without a target": (lambda stub, _s: stub.Rewind(pb.RewindRequest()), "target"),
+    "rewind to sequence 0 without empty_log": (
+        lambda stub, _s: stub.Rewind(pb.RewindRequest(sequence=0)),
+        "sequence",
+    ),
+    "rewind to a checkpoint with empty_log": (
+        lambda stub, _s: stub.Rewind(pb.RewindRequest(checkpoint="cp", empty_log=True)),
+        "empty_log",
+    ),
+    "truncate without below_sequence": (
+        lambda stub, _s: stub.TruncateLog(pb.TruncateLogRequest()),
+        "below_sequence",
+    ),
+    # Agent settings: every duration and range.
+    "idle_after of -1 s": (
+        _agent_with(reset=pb.ResetPolicy(mode=pb.RESET_MODE_IDLE, idle_after=_span(-1))),
+        "agent.settings.reset.idle_after",
+    ),
+    "idle_after of 0 (a reset at every message)": (
+        _agent_with(reset=pb.ResetPolicy(mode=pb.RESET_MODE_IDLE, idle_after=_span(0))),
+        "agent.settings.reset.idle_after",
+    ),
+    "idle_after with nanos past a second": (
+        _agent_with(reset=pb.ResetPolicy(idle_after=_span(60, 2_000_000_000))),
+        "agent.settings.reset.idle_after",
+    ),
+    "idle_after of seconds and nanos with opposite signs": (
+        _agent_with(reset=pb.ResetPolicy(idle_after=_span(60, -1))),
+        "agent.settings.reset.idle_after",
+    ),
+    "idle_after over a year and a day": (
+        _agent_with(reset=pb.ResetPolicy(idle_after=_span(366 * 86400 + 1))),
+        "agent.settings.reset.idle_after",
+    ),
+    "daily_at_hour 99": (
+        _agent_with(reset=pb.ResetPolicy(mode=pb.RESET_MODE_DAILY, daily_at_hour=99)),
+        "agent.settings.reset.daily_at_hour",
+    ),
+    "daily_at_hour 24 in an update": (
+        _agent_with(reset=pb.ResetPolicy(mode=pb.RESET_MODE_DAILY, daily_at_hour=24), update=True),
+        "agent.settings.reset.daily_at_hour",
+    ),
+    "unknown reset mode": (
+        _agent_with(reset=pb.ResetPolicy(mode=7)),  # type: ignore[arg-type]
+        "agent.settings.reset.mode",
+    ),
+    "freshness_window of -1 s": (
+        _agent_with(resume=pb.ResumePolicy(freshness_window=_span(-1))),
+        "agent.settings.resume.freshness_window",
+    ),
+    "freshness_window of seconds and nanos with opposite signs": (
+        _agent_with(resume=pb.ResumePolicy(freshness_window=_span(-5, 5)), update=True),
+        "agent.settings.resume.freshness_window",
+    ),
+    "freshness_window beyond a Duration's range": (
+        _agent_with(resume=pb.ResumePolicy(freshness_window=_span(2**62))),
+        "agent.settings.resume.freshness_window",
+    ),
+    "an update's ignored create_time beyond the year 9999": (
+        lambda stub, _s: stub.UpdateAgent(
+            pb.UpdateAgentRequest(
+                agent=pb.Agent(name="main", create_time=timestamp_pb2.Timestamp(seconds=10**12)),
+                update_mask=field_mask_pb2.FieldMask(paths=["display_name"]),
+            )
+        ),
+        "agent.create_time",
+    ),
 }
 
 
@@ -184,6 +282,26 @@ def test_invalid_argument_names_the_field_and_writes_nothing(
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value.details()
     assert error_details(refused.value)[1] == [field]
     assert _head(service) == before
+
+
+def test_settings_at_the_edges_of_their_ranges_are_accepted(service: InProcessSession) -> None:
+    shortest = pb.AgentSettings(
+        resume=pb.ResumePolicy(freshness_window=_span(0)),
+        reset=pb.ResetPolicy(mode=pb.RESET_MODE_DAILY, idle_after=_span(1), daily_at_hour=23),
+    )
+    assert create_agent(service.stub, "edges", settings=shortest).settings == shortest
+    year_and_day = _span(366 * 86400)
+    longest = pb.AgentSettings(
+        resume=pb.ResumePolicy(freshness_window=year_and_day),
+        reset=pb.ResetPolicy(mode=pb.RESET_MODE_IDLE, idle_after=year_and_day),
+    )
+    updated = service.stub.UpdateAgent(
+        pb.UpdateAgentRequest(
+            agent=pb.Agent(name="edges", settings=longest),
+            update_mask=field_mask_pb2.FieldMask(paths=["settings"]),
+        )
+    ).agent
+    assert updated.settings == longest
 
 
 @pytest.mark.parametrize(

@@ -141,6 +141,28 @@ def test_checkout_undoes_a_rewind(chat: tuple[InProcessSession, str]) -> None:
     assert _history(stub, session_id) == ["a", "b", "c"]
 
 
+def _agents(stub: pb_grpc.SessionServiceStub) -> list[str]:
+    return [agent.name for agent in stub.ListAgents(pb.ListAgentsRequest()).agents]
+
+
+def test_the_empty_log_is_reached_only_when_asked_for(chat: tuple[InProcessSession, str]) -> None:
+    """Sequence 0 abandons every agent and session: refused as an unset field or a
+    bare 0 (test_bad_input), done with empty_log, and undone by a checkout."""
+    service, session_id = chat
+    stub = service.stub
+    tip = append(stub, session_id, user_message("a")).events[-1].sequence
+    preview = stub.Checkout(pb.CheckoutRequest(sequence=0, empty_log=True, preview=True))
+    assert (preview.to_sequence, preview.summary.abandoned_count) == (0, tip)
+    assert not preview.HasField("record") and _agents(stub) == ["main"]
+    emptied = stub.Checkout(pb.CheckoutRequest(sequence=0, empty_log=True))
+    assert emptied.record.rewound.to_sequence == 0 and emptied.summary.abandoned_count == tip
+    assert _agents(stub) == []
+    stub.Checkout(pb.CheckoutRequest(sequence=tip))
+    assert _agents(stub) == ["main"] and _history(stub, session_id) == ["a"]
+    rewound = stub.Rewind(pb.RewindRequest(sequence=0, empty_log=True))
+    assert rewound.to_sequence == 0 and _agents(stub) == []
+
+
 def test_nested_rewinds_resolve_latest_first(chat: tuple[InProcessSession, str]) -> None:
     service, session_id = chat
     stub = service.stub

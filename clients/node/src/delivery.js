@@ -210,7 +210,8 @@ export class DeliveryClient extends BaseClient {
    * Operator action (admin only): binds owed rows (PENDING, ATTEMPTING,
    * FAILED) of one gateway to another, so that the other gateway's instances
    * claim them when they become recoverable. Only the binding changes: a live
-   * holder keeps its row and fence.
+   * holder keeps its row and fence. `fromGatewayName` is required; the rows of
+   * no known gateway are named with an empty one and `fromNoGateway: true`.
    * @param {ProtoMessage} [request] HandOverObligationsRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} HandOverObligationsResponse

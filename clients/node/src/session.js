@@ -247,7 +247,9 @@ export class SessionClient extends BaseClient {
    * rewind record is appended at R and everything in (target, R) is abandoned
    * (kept, but no longer part of any state). FAILED_PRECONDITION
    * (REWIND_INTO_ABANDONED) for a target on an abandoned branch; OUT_OF_RANGE
-   * (REWIND_BEYOND_RETENTION) below the retained log. Idempotent.
+   * (REWIND_BEYOND_RETENTION) below the retained log. Idempotent. Sequence 0,
+   * the empty log, is reached only with `emptyLog: true` (INVALID_ARGUMENT,
+   * field "sequence", without it).
    * @param {ProtoMessage} [request] RewindRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} RewindResponse
@@ -259,6 +261,8 @@ export class SessionClient extends BaseClient {
   /**
    * Like Rewind, but to any sequence, abandoned branches included: the state
    * becomes what it was at that sequence when it was appended. Undoes a rewind.
+   * `sequence` is required: 0 (or none) is the empty log and is checked out only
+   * with `emptyLog: true`, else INVALID_ARGUMENT (field "sequence").
    * @param {ProtoMessage} [request] CheckoutRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} CheckoutResponse
@@ -270,6 +274,7 @@ export class SessionClient extends BaseClient {
   /**
    * Deletes log events below a sequence, when every agent and session keeps a
    * snapshot that makes them unnecessary. Rewind records are always kept.
+   * `belowSequence` is required (at least 1; INVALID_ARGUMENT otherwise).
    * @param {ProtoMessage} [request] TruncateLogRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} TruncateLogResponse

@@ -245,6 +245,30 @@ describe('DeliveryService', () => {
     assert.deepEqual(error.fieldViolations, ['session_key']);
     assert.ok(error.reason, 'ErrorInfo reason present');
   });
+
+  test('a hand-over names its gateway, or asks for the rows of none with fromNoGateway', async () => {
+    const unnamed = await refusal(delivery.handOverObligations({ toGatewayName: 'node-gateway-2' }));
+    assert.equal(unnamed.code, 'INVALID_ARGUMENT');
+    assert.deepEqual(unnamed.fieldViolations, ['from_gateway_name']);
+    const none = await delivery.handOverObligations({
+      fromGatewayName: '', fromNoGateway: true, toGatewayName: 'node-gateway-2',
+    });
+    assert.equal(none.handedOverCount, '0');
+  });
+});
+
+describe('dangerous operator calls', () => {
+  test('checkout without a sequence is refused; the empty log is asked for with emptyLog', async () => {
+    const empty = await refusal(sessions.checkout({}));
+    assert.equal(empty.code, 'INVALID_ARGUMENT');
+    assert.deepEqual(empty.fieldViolations, ['sequence']);
+    assert.match(empty.details, /empty_log=true/);
+    const truncate = await refusal(sessions.truncateLog({}));
+    assert.deepEqual(truncate.fieldViolations, ['below_sequence']);
+    const preview = await sessions.checkout({ sequence: 0, emptyLog: true, preview: true });
+    assert.equal(preview.toSequence, '0');
+    assert.equal(preview.record, null, 'a preview writes nothing');
+  });
 });
 
 describe('deadlines', () => {

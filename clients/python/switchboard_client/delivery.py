@@ -379,18 +379,22 @@ class DeliveryClient(BaseClient):
         to_gateway_name: str,
         obligation_ids: Sequence[str] = (),
         *,
+        from_no_gateway: bool = False,
         request_id: str = "",
     ) -> int:
         """Operator action (admin): binds owed rows of one gateway to another, so that
         the other's instances claim them once they are recoverable.
 
-        `obligation_ids` empty moves every owed row of `from_gateway_name` ("" names
-        rows of no known gateway); otherwise only those rows. Returns how many moved.
+        `obligation_ids` empty moves every owed row of `from_gateway_name`; otherwise
+        only those rows. The rows of no known gateway are moved with
+        `from_gateway_name=""` and `from_no_gateway=True` (the server refuses an empty
+        name without it). Returns how many moved.
         """
         request = pb.HandOverObligationsRequest(
             from_gateway_name=from_gateway_name,
             to_gateway_name=to_gateway_name,
             obligation_ids=obligation_ids,
+            from_no_gateway=from_no_gateway,
         )
         answer = self._call(self._stub.HandOverObligations, request, request_id=request_id)
         return answer.handed_over_count

@@ -502,33 +502,37 @@ class SessionClient(BaseClient):
         for page in self._pages(self._stub.ListLogEvents, request):
             yield from page.entries
 
-    def rewind(self, to: int | str, *, request_id: str = "") -> pb.Event:
+    def rewind(self, to: int | str, *, empty_log: bool = False, request_id: str = "") -> pb.Event:
         """Moves every agent and session back to a sequence (int) or checkpoint (label).
 
         Returns the rewind record; everything after the target is abandoned. With
         nothing to abandon nothing is written and the record is empty (sequence 0):
-        `preview_rewind` tells in advance.
+        `preview_rewind` tells in advance. Sequence 0 is the empty log, every agent
+        and session abandoned: the server goes there only with `empty_log=True`.
         """
-        return self._call(self._stub.Rewind, _rewind_request(to), request_id=request_id).record
+        request = _rewind_request(to, empty_log)
+        return self._call(self._stub.Rewind, request, request_id=request_id).record
 
-    def preview_rewind(self, to: int | str) -> pb.RewindResponse:
+    def preview_rewind(self, to: int | str, *, empty_log: bool = False) -> pb.RewindResponse:
         """What `rewind(to)` would abandon, per agent and session; writes nothing."""
-        request = _rewind_request(to)
+        request = _rewind_request(to, empty_log)
         request.preview = True
         return self._call(self._stub.Rewind, request)
 
-    def checkout(self, sequence: int, *, request_id: str = "") -> pb.Event:
-        """Like `rewind`, to any retained sequence, abandoned branches included."""
-        request = pb.CheckoutRequest(sequence=sequence)
+    def checkout(self, sequence: int, *, empty_log: bool = False, request_id: str = "") -> pb.Event:
+        """Like `rewind`, to any retained sequence, abandoned branches included;
+        sequence 0 (the empty log) only with `empty_log=True`."""
+        request = pb.CheckoutRequest(sequence=sequence, empty_log=empty_log)
         return self._call(self._stub.Checkout, request, request_id=request_id).record
 
-    def preview_checkout(self, sequence: int) -> pb.CheckoutResponse:
+    def preview_checkout(self, sequence: int, *, empty_log: bool = False) -> pb.CheckoutResponse:
         """What `checkout(sequence)` would abandon and restore; writes nothing."""
-        request = pb.CheckoutRequest(sequence=sequence, preview=True)
+        request = pb.CheckoutRequest(sequence=sequence, preview=True, empty_log=empty_log)
         return self._call(self._stub.Checkout, request)
 
     def truncate_log(self, below_sequence: int, *, request_id: str = "") -> pb.TruncateLogResponse:
-        """Deletes log events below a sequence that snapshots made unnecessary."""
+        """Deletes log events below a sequence (at least 1) that snapshots made
+        unnecessary."""
         request = pb.TruncateLogRequest(below_sequence=below_sequence)
         return self._call(self._stub.TruncateLog, request, request_id=request_id)
 
@@ -612,9 +616,9 @@ __all__ = [
 ]
 
 
-def _rewind_request(to: int | str) -> pb.RewindRequest:
+def _rewind_request(to: int | str, empty_log: bool) -> pb.RewindRequest:
     if isinstance(to, bool):
         raise TypeError("rewind takes a sequence (int) or a checkpoint label (str)")
     if isinstance(to, str):
-        return pb.RewindRequest(checkpoint=to)
-    return pb.RewindRequest(sequence=to)
+        return pb.RewindRequest(checkpoint=to, empty_log=empty_log)
+    return pb.RewindRequest(sequence=to, empty_log=empty_log)
