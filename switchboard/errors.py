@@ -74,6 +74,16 @@ class ConnectionLost(Unavailable):
     """
 
 
+class TimedOut(Unavailable):
+    """A statement of the call gave up waiting: for a lock another database connection
+    held past the wait allowed (Postgres' lock_timeout, SQLite's busy timeout), or
+    cancelled by the database (Postgres' statement_timeout). Nothing was written.
+
+    The runner answers DEADLINE_EXCEEDED instead when the caller's deadline has passed
+    (the wait allowed ends with it), and logs these as one rate-limited warning line.
+    """
+
+
 class ResourceExhausted(DomainError):
     """A resource the call needs has run out (e.g. the disk under SQLite)."""
 
