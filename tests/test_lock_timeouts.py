@@ -106,7 +106,8 @@ def test_a_call_never_waits_on_a_lock_past_its_deadline(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The server's bound is 30 s, the call's deadline 1 s: the server stops waiting
-    at the deadline (its statement gives up while the lock is still held)."""
+    at the deadline (its statement gives up while the lock is still held) and logs
+    and counts the call DEADLINE_EXCEEDED."""
     with (
         caplog.at_level(logging.INFO),
         served(loop_thread, service, database, lock_wait_ms=LONG_WAIT_MS) as server,
@@ -118,7 +119,10 @@ def test_a_call_never_waits_on_a_lock_past_its_deadline(
         wait_for(lambda: gave_up_lines(caplog), "the server's statement to stop waiting")
         if database.backend == "postgres":
             wait_for(lambda: waiting_on_locks(database.url) == 0, "no waiting statement")
+    statuses = [getattr(r, "status", "") for r in caplog.records if r.name == "switchboard.access"]
+    assert statuses[-1] == "DEADLINE_EXCEEDED", statuses
     assert_no_traceback(caplog)
+    assert_no_internal(caplog)
 
 
 @pytest.mark.postgres
