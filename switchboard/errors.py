@@ -30,6 +30,11 @@ class InvalidArgument(DomainError):
         self.field = field
 
 
+class MalformedRequest(DomainError):
+    """The request body is not a message of the method's request type (undecodable,
+    or the call ended before a whole one arrived): INVALID_ARGUMENT, no field to name."""
+
+
 class NotFound(DomainError):
     """The named resource does not exist."""
 
