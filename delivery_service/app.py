@@ -22,6 +22,9 @@ from switchboard.runner import TransactionRunner
 from switchboard.shared_settings import SharedSettings, shared
 
 SERVICE_NAME = delivery_service_pb2.DESCRIPTOR.services_by_name["DeliveryService"].full_name
+#: The ledger and the remembered calls: health reports NOT_SERVING while a write cannot
+#: lock them.
+WRITTEN_TABLES = ("ledger_obligation", "ledger_instance", LEDGER_REQUESTS)
 
 
 def agreed_limits(backend: Backend, limits: LedgerLimits, policy: SettingsMismatch) -> LedgerLimits:
@@ -70,7 +73,7 @@ class DeliveryUnit:
         wanted = limits or LedgerLimits()
         self.limits = agreed_limits(backend, wanted, database.on_settings_mismatch)
         self.store = LedgerStore(backend, self.limits)
-        self.runner = TransactionRunner(backend, database)
+        self.runner = TransactionRunner(backend, database, written_tables=WRITTEN_TABLES)
         self.requests = RequestStore(backend, LEDGER_REQUESTS, self.limits.request_id_window_s)
         self.ledger = Ledger(self.runner, self.store, self.limits)
 

@@ -22,6 +22,11 @@ from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
 
 SERVICE_NAME = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 log = logging.getLogger(__name__)
+#: What appends write (the log and its head), the projections most calls update and the
+#: remembered calls: health reports NOT_SERVING while a write cannot lock them.
+WRITTEN_TABLES = (
+    "session_log_head", "session_log", "session_session", "session_agent", SESSION_REQUESTS,
+)  # fmt: skip
 
 
 class SessionUnit:
@@ -48,7 +53,9 @@ class SessionUnit:
         backend = open_backend(database)
         migrations.prepare(backend, SESSION_SCHEMA, migrate_behind=migrate)
         self.store = LogStore(backend)
-        self.runner = TransactionRunner(backend, database, begin_write=self.store.lock_log)
+        self.runner = TransactionRunner(
+            backend, database, begin_write=self.store.lock_log, written_tables=WRITTEN_TABLES
+        )
         self.requests = RequestStore(
             backend,
             SESSION_REQUESTS,

@@ -21,10 +21,7 @@ import contextvars
 import hashlib
 import hmac
 import logging
-import math
 import secrets
-import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +31,11 @@ import grpc
 from switchboard import secret_checks
 from switchboard.errors import PermissionDenied, Unauthenticated
 from switchboard.grpc_errors import WrappingInterceptor, rich_status
+
+# Re-exported: the budget was defined here first.
+from switchboard.log_budget import LOG_LINES as LOG_LINES
+from switchboard.log_budget import LOG_PERIOD_S as LOG_PERIOD_S
+from switchboard.log_budget import LogBudget as LogBudget
 
 EXEMPT_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 #: Methods only an admin token may call.
@@ -132,10 +134,6 @@ def _agents_named(request: Any) -> set[str]:
 #: Longest bearer token looked up. Longer ones are refused unread; gRPC itself answers
 #: RESOURCE_EXHAUSTED for metadata past its limits (8 KiB soft, 16 KiB hard).
 MAX_TOKEN_CHARS = 4096
-#: Refusals logged per server: at most LOG_LINES lines per LOG_PERIOD_S seconds.
-LOG_LINES = 10
-LOG_PERIOD_S = 10.0
-
 log = logging.getLogger(__name__)
 
 
@@ -202,40 +200,6 @@ def bearer_token(metadata: Metadata | None) -> str:
     if problem is not None:
         raise _refused(f"malformed token ({problem})")
     return token.strip(" ")
-
-
-class LogBudget:
-    """At most `lines` log lines per `period_s`: a flood of refusals cannot flood the log.
-
-    `take()` is None while the budget is spent; otherwise the number of lines held
-    back since the last one that passed, for that line to mention.
-    """
-
-    def __init__(
-        self,
-        lines: int = LOG_LINES,
-        period_s: float = LOG_PERIOD_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.lines = lines
-        self.period_s = period_s
-        self.clock = clock
-        self._window_start = -math.inf
-        self._used = 0
-        self._held = 0
-        self._lock = threading.Lock()
-
-    def take(self) -> int | None:
-        with self._lock:
-            now = self.clock()
-            if now - self._window_start >= self.period_s:
-                self._window_start, self._used = now, 0
-            if self._used >= self.lines:
-                self._held += 1
-                return None
-            self._used += 1
-            held, self._held = self._held, 0
-            return held
 
 
 class _TokenTable:

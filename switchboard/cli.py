@@ -230,6 +230,17 @@ def _relog(ctx: click.Context, log_level: str | None, log_format: str | None) ->
     show_default=True,
     help="Postgres writer threads (SQLite always has one writer).",
 )
+@click.option(
+    "--db-lock-timeout",
+    default=5.0,
+    type=click.FloatRange(min=0.001),
+    envvar="SWITCHBOARD_DB_LOCK_TIMEOUT_S",
+    show_default=True,
+    help="Seconds a statement waits for a lock another database connection holds (a "
+    "LOCK TABLE, a migration, another process writing the SQLite file) before its call "
+    "answers UNAVAILABLE; a call's deadline shortens the wait. Postgres' lock_timeout, set "
+    "per transaction; SQLite's busy timeout.",
+)
 @click.option("--max-attempts", default=3, envvar="SWITCHBOARD_MAX_ATTEMPTS", show_default=True)
 @click.option(
     "--stale-after",
@@ -413,6 +424,7 @@ def serve(
     on_settings_mismatch: str,
     db_pool_size: int,
     db_writer_threads: int,
+    db_lock_timeout: float,
     max_attempts: int,
     stale_after: float,
     retention: float,
@@ -453,6 +465,7 @@ def serve(
             sqlite_synchronous=sqlite_synchronous,  # type: ignore[arg-type]
             pool_size=db_pool_size,
             writer_threads=db_writer_threads,
+            busy_timeout_ms=max(1, round(db_lock_timeout * 1000)),
             sqlite_integrity_check=sqlite_integrity_check,  # type: ignore[arg-type]
             on_settings_mismatch=on_settings_mismatch,  # type: ignore[arg-type]
         )

@@ -7,8 +7,10 @@ unary-answer calls only and leaves health checking and reflection out: beyond th
 limit a call is answered RESOURCE_EXHAUSTED before its request is read.
 
 An admitted call is served through a request-streaming handler that reads its one
-request itself, so the slot is given back in a `finally` whatever happens to the
-call (gRPC never starts a unary handler whose request did not arrive or parse).
+request itself (`grpc_errors.read_request`), so the slot is given back in a `finally`
+whatever happens to the call (gRPC never starts a unary handler whose request did not
+arrive or parse). It is a stage inside `DomainErrorInterceptor`, which answers a
+request that cannot be read.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from typing import Any
 import grpc
 
 from switchboard.auth import EXEMPT_PREFIXES
-from switchboard.errors import InvalidArgument, ResourceExhausted
-from switchboard.grpc_errors import rich_status
+from switchboard.errors import ResourceExhausted
+from switchboard.grpc_errors import read_request, request_type, rich_status
 
 
 class UnaryLimitInterceptor:
@@ -38,18 +40,17 @@ class UnaryLimitInterceptor:
         if self.in_flight >= self.limit:
             return _refusing(handler)
         self.in_flight += 1
-        return self._counted(handler)
+        return self._counted(details.method, handler)
 
-    def _counted(self, handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
+    def _counted(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
         behavior: Any = handler.unary_unary
+        type_name = request_type(handler)
 
         async def counted(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             try:
-                request = await context.read()
-                if request is None or request is grpc.aio.EOF:
-                    status = rich_status(InvalidArgument("request", "no readable request"))
-                    await context.abort(status.code, status.details, status.trailing_metadata)
-                return await behavior(request, context)
+                return await behavior(await read_request(context, method, type_name), context)
             finally:
                 self.in_flight -= 1
 

@@ -36,6 +36,9 @@ class DatabaseSettings:
 
     url: str
     sqlite_synchronous: SqliteSync = "FULL"
+    #: How long a statement waits for a lock another connection holds before its call
+    #: answers UNAVAILABLE (SQLite's busy timeout; Postgres' lock_timeout, set per
+    #: transaction). A call's deadline shortens the wait: none waits past it.
     busy_timeout_ms: int = 5000
     pool_size: int = 10
     writer_threads: int = 4
@@ -169,6 +172,17 @@ class Backend(Protocol):
     def probe(self) -> None:
         """Raises `switchboard.errors.Unavailable` when the database cannot serve
         calls now (what health checking reports); returns quickly either way."""
+        ...
+
+    def probe_writes(self, tables: Sequence[str], wait_s: float) -> None:
+        """Raises `switchboard.errors.TimedOut` when a write to `tables` could not take
+        its locks within `wait_s` (another connection holds them: a `LOCK TABLE`, a long
+        migration, SQLite's write lock held by another process); takes nothing for long."""
+        ...
+
+    def bound_lock_waits(self, seconds: float) -> AbstractContextManager[None]:
+        """While the block runs, statements of this thread wait at most `seconds` for a
+        lock another connection holds, then fail with what `translate` makes `TimedOut`."""
         ...
 
     def translate(self, exc: BaseException) -> DomainError | None:

@@ -30,6 +30,11 @@ class InvalidArgument(DomainError):
         self.field = field
 
 
+class MalformedRequest(DomainError):
+    """The request body is not a message of the method's request type (undecodable,
+    or the call ended before a whole one arrived): INVALID_ARGUMENT, no field to name."""
+
+
 class NotFound(DomainError):
     """The named resource does not exist."""
 
@@ -71,6 +76,16 @@ class ConnectionLost(Unavailable):
 
     The runner retries such a call once on a fresh connection, and discards the
     broken one; a backend's `translate` returns it for connection faults only.
+    """
+
+
+class TimedOut(Unavailable):
+    """A statement of the call gave up waiting: for a lock another database connection
+    held past the wait allowed (Postgres' lock_timeout, SQLite's busy timeout), or
+    cancelled by the database (Postgres' statement_timeout). Nothing was written.
+
+    The runner answers DEADLINE_EXCEEDED instead when the caller's deadline has passed
+    (the wait allowed ends with it), and logs these as one rate-limited warning line.
     """
 
 

@@ -4,6 +4,13 @@
 becomes its status code with a `google.rpc.ErrorInfo` (stable reason) and, for
 invalid arguments, a `google.rpc.BadRequest` naming the field. Anything else is
 logged and answered INTERNAL, never UNKNOWN.
+
+A request gRPC cannot decode is the caller's error too: INVALID_ARGUMENT
+(MALFORMED_REQUEST), logged in one warning line at most per `LOG_PERIOD_S`. gRPC
+decodes a unary request before any handler runs, answers a failure UNKNOWN with a
+traceback, and never answers a call that ended before a whole request arrived; so a
+method with one request is served through a request-streaming handler that reads
+its request itself (`read_request`).
 """
 
 from __future__ import annotations
@@ -15,10 +22,12 @@ from typing import Any
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from switchboard import errors
+from switchboard.log_budget import LOG_PERIOD_S, LogBudget
 
 ERROR_DOMAIN = "switchboard"
 # gRPC refuses trailers over 16 KiB, and a status travels twice in them (grpc-message,
@@ -28,9 +37,13 @@ MAX_MESSAGE_BYTES = 1024
 MAX_METADATA_BYTES = 256
 
 log = logging.getLogger(__name__)
+#: Undecodable requests are logged in one line per period at most: a flood of them
+#: (a fuzzer, a broken client) cannot flood the log.
+_MALFORMED_LINES = LogBudget(lines=1, period_s=LOG_PERIOD_S)
 
 _STATUS_OF: dict[type[errors.DomainError], grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.MalformedRequest: grpc.StatusCode.INVALID_ARGUMENT,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
@@ -157,13 +170,20 @@ class WrappingInterceptor:
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]
+        wrapped = self.rewrap(method, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def rewrap(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        """`handler` with its behaviour wrapped by `wrap_unary` or `wrap_stream`."""
         wrapped = rewrapped(
             handler,
             lambda behavior: self.wrap_unary(method, behavior),
             lambda behavior: self.wrap_stream(method, behavior),
         )
         assert wrapped is not None
-        self._wrapped[method] = (handler, wrapped)
         return wrapped
 
     def wrap_unary(self, method: str, behavior: Any) -> Any:
@@ -174,13 +194,90 @@ class WrappingInterceptor:
 
 
 class DomainErrorInterceptor(WrappingInterceptor):
-    """Maps domain errors raised by any handler to rich gRPC statuses."""
+    """Maps domain errors raised by any handler to rich gRPC statuses; methods with one
+    request read it themselves (`reading_its_request`), so that one gRPC cannot decode
+    is mapped too."""
+
+    def rewrap(
+        self, method: str, handler: grpc.RpcMethodHandler[Any, Any]
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        return super().rewrap(method, reading_its_request(method, handler))
 
     def wrap_unary(self, method: str, behavior: Any) -> Any:
         return _wrap_unary(behavior)
 
     def wrap_stream(self, method: str, behavior: Any) -> Any:
         return _wrap_stream(behavior)
+
+
+def request_type(handler: grpc.RpcMethodHandler[Any, Any]) -> str:
+    """The full name of the handler's request message ("request" when unknown)."""
+    message_class = getattr(handler.request_deserializer, "__self__", None)
+    descriptor = getattr(message_class, "DESCRIPTOR", None)
+    return str(getattr(descriptor, "full_name", "request"))
+
+
+async def read_request(
+    context: grpc.aio.ServicerContext[Any, Any], method: str, type_name: str
+) -> Any:
+    """The call's one request, read by a request-streaming handler; `MalformedRequest`
+    when it cannot be decoded or the call ended before a whole one arrived."""
+    try:
+        request = await context.read()
+    except DecodeError as undecodable:
+        what = f"the body is not a valid {type_name}"
+        raise _malformed(method, type_name, what, undecodable) from undecodable
+    if request is None or request is grpc.aio.EOF:
+        raise _malformed(
+            method, type_name, f"the call ended before a whole {type_name} arrived", None
+        )
+    return request
+
+
+def _malformed(
+    method: str, type_name: str, what: str, cause: Exception | None
+) -> errors.MalformedRequest:
+    # protobuf says "Error parsing message with type 'T': what was wrong": T is said already.
+    wrong = str(cause).rpartition("': ")[2] if cause is not None else ""
+    said = f" ({bounded(wrong, MAX_METADATA_BYTES)})" if wrong else ""
+    held = _MALFORMED_LINES.take()
+    if held is not None:
+        note = f" ({held} more since, not logged)" if held else ""
+        log.warning("%s: %s%s; answered INVALID_ARGUMENT%s", method, what, said, note)
+    return errors.MalformedRequest(
+        "MALFORMED_REQUEST",
+        f"{what}{said}: send one serialized {type_name}, whole, as the call's body",
+        {"message_type": type_name},
+    )
+
+
+def reading_its_request(
+    method: str, handler: grpc.RpcMethodHandler[Any, Any]
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of one request (unary-unary, unary-stream) as the request-streaming
+    handler that reads it with `read_request` and then runs the behaviour on it; a
+    request-streaming handler is returned as it is."""
+    if handler.request_streaming:
+        return handler
+    type_name = request_type(handler)
+    serializers: dict[str, Any] = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_unary is not None:
+        answer = handler.unary_unary
+
+        async def read_then_answer(_requests: Any, context: Any) -> Any:
+            return await answer(await read_request(context, method, type_name), context)
+
+        return grpc.stream_unary_rpc_method_handler(read_then_answer, **serializers)
+    stream = _as_async_generator(handler.unary_stream)
+
+    async def read_then_stream(_requests: Any, context: Any) -> AsyncIterator[Any]:
+        async for response in stream(await read_request(context, method, type_name), context):
+            yield response
+
+    return grpc.stream_stream_rpc_method_handler(read_then_stream, **serializers)
 
 
 def rewrapped(

@@ -6,10 +6,16 @@ on: `--access-log all` (the default), `errors` (calls that did not end OK) or
 `off`. The request id is the caller's `x-request-id`, or a fresh one. With
 `--metrics-listen`, each call is also counted and timed by method and status
 code, served on its own port.
+
+A call its caller ended (cancelled, or abandoned at its deadline) is logged and
+counted with the status the caller saw, CANCELLED or DEADLINE_EXCEEDED: gRPC then
+cancels the handler without a status of the server's, and INTERNAL would page an
+operator for every closed browser tab.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import threading
@@ -174,11 +180,28 @@ def _request_id(context: Any) -> str:
     return given if isinstance(given, str) and given else uuid.uuid4().hex[:16]
 
 
-def _code(context: Any, failed: bool) -> str:
+#: How a handler learns that its caller ended the call: gRPC cancels its task
+#: (CancelledError), or stops pulling answers from its generator (GeneratorExit).
+_ENDED_BY_CALLER = (asyncio.CancelledError, GeneratorExit)
+#: A call ended by its caller with less than this left of its deadline was ended by the
+#: deadline: a client cancels at its own deadline, which comes a network delay before
+#: the server's (the wire says CANCEL either way).
+DEADLINE_SLACK_S = 0.25
+
+
+#: How a handler ended: it answered, it raised, or its caller ended the call.
+Ending = Literal["answered", "raised", "ended_by_caller"]
+
+
+def _code(context: Any, ending: Ending) -> str:
     code = context.code()
-    if code is None:
-        return "INTERNAL" if failed else "OK"
-    return str(code.name)
+    if code is not None:
+        return str(code.name)
+    if ending == "ended_by_caller":
+        remaining = context.time_remaining()
+        at_deadline = remaining is not None and remaining < DEADLINE_SLACK_S
+        return "DEADLINE_EXCEEDED" if at_deadline else "CANCELLED"
+    return "INTERNAL" if ending == "raised" else "OK"
 
 
 #: The principal a call's metadata authenticates ("" with authentication off, "-"
@@ -201,8 +224,10 @@ class ObservabilityInterceptor(WrappingInterceptor):
         self.access = access
         self.principal_of = principal_of
 
-    def _finished(self, method: str, context: Any, failed: bool, started: float, rid: str) -> None:
-        code, seconds = _code(context, failed), time.perf_counter() - started
+    def _finished(
+        self, method: str, context: Any, ending: Ending, started: float, rid: str
+    ) -> None:
+        code, seconds = _code(context, ending), time.perf_counter() - started
         if self.metrics is not None:
             self.metrics.observe(method, code, seconds)
         if self.access is not None and self.access.wants(method, code):
@@ -213,13 +238,17 @@ class ObservabilityInterceptor(WrappingInterceptor):
         self, method: str, behavior: Callable[[Any, Any], Awaitable[Any]]
     ) -> Callable[[Any, Any], Awaitable[Any]]:
         async def observed(request: Any, context: Any) -> Any:
-            started, request_id, failed = time.perf_counter(), _request_id(context), True
+            started, request_id = time.perf_counter(), _request_id(context)
+            ending: Ending = "raised"
             try:
                 response = await behavior(request, context)
-                failed = False
+                ending = "answered"
                 return response
+            except _ENDED_BY_CALLER:
+                ending = "ended_by_caller"
+                raise
             finally:
-                self._finished(method, context, failed, started, request_id)
+                self._finished(method, context, ending, started, request_id)
 
         return observed
 
@@ -227,13 +256,17 @@ class ObservabilityInterceptor(WrappingInterceptor):
         self, method: str, behavior: Callable[[Any, Any], AsyncIterator[Any]]
     ) -> Callable[[Any, Any], AsyncIterator[Any]]:
         async def observed(request: Any, context: Any) -> AsyncIterator[Any]:
-            started, request_id, failed = time.perf_counter(), _request_id(context), True
+            started, request_id = time.perf_counter(), _request_id(context)
+            ending: Ending = "raised"
             try:
                 async for response in behavior(request, context):
                     yield response
-                failed = False
+                ending = "answered"
+            except _ENDED_BY_CALLER:
+                ending = "ended_by_caller"
+                raise
             finally:
-                self._finished(method, context, failed, started, request_id)
+                self._finished(method, context, ending, started, request_id)
 
         return observed
 

@@ -9,6 +9,7 @@ seconds instead of once per transaction (`_DatabaseClock`).
 from __future__ import annotations
 
 import logging
+import math
 import select
 import threading
 import time
@@ -23,7 +24,7 @@ import psycopg2.extensions
 from playhouse.pool import MaxConnectionsExceeded, PooledPostgresqlDatabase
 
 from switchboard.database import DatabaseSettings, StatementCounter
-from switchboard.errors import ConnectionLost, DomainError, Unavailable
+from switchboard.errors import ConnectionLost, DomainError, TimedOut, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 2
 #: SQLSTATEs that mean the server went away or refused the session, not the statement.
 _STATUS_UNKNOWN = psycopg2.extensions.TRANSACTION_STATUS_UNKNOWN
+_STATUS_IDLE = psycopg2.extensions.TRANSACTION_STATUS_IDLE
 _CONNECTION_STATES = {"57P01", "57P02", "57P03", "53300"}  # admin/crash shutdown, starting, full
 
 
@@ -43,6 +45,10 @@ def _driver_errors_wrapped() -> Any:
 
 #: Begins `PostgresBackend.read_snapshot`'s transaction.
 _BEGIN_SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+#: SQLSTATEs of a statement that gave up: lock_not_available (lock_timeout, NOWAIT) and
+#: query_canceled (statement_timeout, pg_cancel_backend).
+_LOCK_NOT_AVAILABLE = "55P03"
+_QUERY_CANCELED = "57014"
 
 
 class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc]
@@ -53,6 +59,10 @@ class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc
     message; a savepoint nobody wrote under, or a transaction that executed nothing,
     is never sent at all. COMMIT and ROLLBACK stay separate: their answer matters.
     Anything that takes a raw cursor (`executemany`) gets the queue flushed first.
+
+    A bound on lock waits (`bounded`) travels the same way: `SET LOCAL lock_timeout`
+    after each BEGIN, or before a statement run outside a transaction (the implicit
+    transaction of a multi-statement message holds it for that statement only).
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -83,14 +93,46 @@ class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc
         queued.clear()
         return prefix
 
+    @contextmanager
+    def bounded(self, lock_wait_ms: int) -> Iterator[None]:
+        """Statements this thread sends in the block wait at most `lock_wait_ms` for a lock."""
+        outer = getattr(self._deferred, "lock_wait_ms", None)
+        self._deferred.lock_wait_ms = max(1, lock_wait_ms)  # 0 would mean no bound at all
+        try:
+            yield
+        finally:
+            self._deferred.lock_wait_ms = outer
+
+    def _set_bound(self) -> str:
+        lock_wait_ms: int | None = getattr(self._deferred, "lock_wait_ms", None)
+        return "" if lock_wait_ms is None else f"SET LOCAL lock_timeout = {lock_wait_ms}"
+
+    def begin_statement(self, begin: str = "BEGIN") -> str:
+        """`begin` with this thread's bound on lock waits, as deferred (and taken back)."""
+        bound = self._set_bound()
+        return f"{begin}; {bound}" if bound else begin
+
+    def _begun(self) -> str:
+        begun: str = getattr(self._deferred, "begin", "BEGIN")
+        return begun
+
     def begin(self, isolation_level: Any = None) -> None:
         assert isolation_level is None, "isolation levels are not used"
         self._queued().clear()
-        self.defer("BEGIN")
+        self._deferred.begin = self.begin_statement()
+        self.defer(self._deferred.begin)
 
     def execute_sql(self, sql: str, params: Any = None) -> Any:
         self.statements.note(sql)
-        return super().execute_sql(self._take_queued() + sql, params)
+        prefix = self._take_queued() or self._bound_outside_transactions()
+        return super().execute_sql(prefix + sql, params)
+
+    def _bound_outside_transactions(self) -> str:
+        """The bound for a statement outside a transaction (a transaction's BEGIN set it)."""
+        bound = self._set_bound()
+        if not bound or self.connection().get_transaction_status() != _STATUS_IDLE:
+            return ""
+        return f"{bound}; "
 
     def cursor(self, named_cursor: Any = None) -> Any:
         cursor = super().cursor(named_cursor)
@@ -106,12 +148,12 @@ class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc
             self._end("COMMIT")
 
     def commit(self) -> None:
-        if self.undefer("BEGIN"):
+        if self.undefer(self._begun()):
             return  # the transaction never started: nothing to commit
         self._end("COMMIT")
 
     def rollback(self) -> None:
-        if self.undefer("BEGIN"):
+        if self.undefer(self._begun()):
             return
         self._queued().clear()  # savepoint statements are moot: the transaction ends
         self._end("ROLLBACK")
@@ -197,6 +239,30 @@ def _is_connection_fault(exc: BaseException) -> bool:
         # No SQLSTATE: libpq's own error (refused, reset, timed out, closed unexpectedly).
         return code is None or code.startswith("08") or code in _CONNECTION_STATES
     return False
+
+
+def _gave_up(exc: BaseException) -> TimedOut | None:
+    """A statement that gave up waiting (see `TimedOut`), or None."""
+    driver = _driver_error(exc)
+    code = getattr(driver, "pgcode", None)
+    if code == _LOCK_NOT_AVAILABLE:
+        return TimedOut(
+            "DATABASE_LOCK_TIMEOUT",
+            "a table or row this call needs stayed locked by another database session "
+            "for longer than the call could wait (its deadline, or --db-lock-timeout); "
+            "the call wrote nothing and may be retried. pg_locks and pg_stat_activity "
+            "show which session holds the lock",
+        )
+    if code == _QUERY_CANCELED:
+        said = str(driver).strip().splitlines()[0:1]
+        return TimedOut(
+            "DATABASE_STATEMENT_TIMEOUT",
+            "the database cancelled a statement of this call"
+            + (f" ({said[0]})" if said else "")
+            + ": it waited or ran past the database's statement_timeout, or was cancelled "
+            "by an administrator; the call wrote nothing and may be retried",
+        )
+    return None
 
 
 class _Listener:
@@ -305,16 +371,21 @@ class PostgresBackend:
         # Sent with the first statement, like BEGIN; a snapshot taken at that statement
         # holds for the rest. Read-only: nothing to commit, but the transaction must end.
         database = self.database
-        database.defer(_BEGIN_SNAPSHOT)
+        begin = database.begin_statement(_BEGIN_SNAPSHOT)
+        database.defer(begin)
         try:
             yield
         except BaseException:
-            if not database.undefer(_BEGIN_SNAPSHOT):
+            if not database.undefer(begin):
                 with suppress(Exception):  # the read's own error is the one to report
                     database.end_read_only()
             raise
-        if not database.undefer(_BEGIN_SNAPSHOT):
+        if not database.undefer(begin):
             database.end_read_only()
+
+    def bound_lock_waits(self, seconds: float) -> AbstractContextManager[None]:
+        # Rounded up: a bound taken from a deadline ends at or after it, never before.
+        return self.database.bounded(math.ceil(seconds * 1000))
 
     @contextmanager
     def migration_lock(self, key: int) -> Iterator[None]:
@@ -367,7 +438,31 @@ class PostgresBackend:
                 raise
             raise translated from exc
 
+    def probe_writes(self, tables: Sequence[str], wait_s: float) -> None:
+        # The lock every INSERT, UPDATE and DELETE takes: it waits for a LOCK TABLE (any
+        # mode but ACCESS SHARE and ROW SHARE) or DDL, as the calls' writes would, and
+        # for nobody's rows. The transaction ends at once, so it holds it for no time.
+        if not tables:
+            return
+        names = ", ".join('"' + table.replace('"', '""') + '"' for table in tables)
+        database = self.database
+        try:
+            with (
+                database.connection_context(),
+                database.bounded(math.ceil(wait_s * 1000)),
+                database.atomic(),
+            ):
+                database.execute_sql(f"LOCK TABLE {names} IN ROW EXCLUSIVE MODE")
+        except Exception as exc:
+            translated = self.translate(exc)
+            if translated is None:
+                raise
+            raise translated from exc
+
     def translate(self, exc: BaseException) -> DomainError | None:
+        gave_up = _gave_up(exc)
+        if gave_up is not None:
+            return gave_up
         if isinstance(exc, MaxConnectionsExceeded):
             return Unavailable(
                 "DATABASE_BUSY",

@@ -21,6 +21,15 @@ Each operation runs in the `contextvars` context of the call that submitted it
 (per-call values set by interceptors are visible inside), and an operation whose
 caller's deadline (`switchboard.deadlines.CALL_DEADLINE`) passed while it queued
 is not executed: it is settled DEADLINE_EXCEEDED.
+
+Locks: a statement waits for a lock another connection holds (a `LOCK TABLE`, a
+migration, another process's SQLite write lock) at most `DatabaseSettings.busy_timeout_ms`
+(--db-lock-timeout), and never past its caller's deadline (a group commit: the latest
+of its callers'). Then the call answers UNAVAILABLE (`TimedOut`), or DEADLINE_EXCEEDED
+when its deadline has passed, with one warning line at most (budgeted, not a
+traceback); so does a statement the database cancelled (statement_timeout). `probe()`
+also tries to take the locks a write needs, so that health checking reports a database
+whose tables stay locked as one that cannot serve.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -42,7 +51,14 @@ from playhouse.pool import PooledDatabase
 from switchboard import idempotency
 from switchboard.database import Backend, DatabaseSettings
 from switchboard.deadlines import CALL_DEADLINE
-from switchboard.errors import ConnectionLost, DeadlineExceeded, DomainError, Unavailable
+from switchboard.errors import (
+    ConnectionLost,
+    DeadlineExceeded,
+    DomainError,
+    TimedOut,
+    Unavailable,
+)
+from switchboard.log_budget import LogBudget
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -50,6 +66,10 @@ log = logging.getLogger(__name__)
 #: After a failed connect, calls fail at once for this long (seconds) rather than
 #: each waiting for its own connect timeout; a successful probe ends it sooner.
 DOWN_WINDOW_S = 1.0
+#: How long `probe()` waits for the locks a write takes (at most the lock bound) before
+#: the database counts as one that cannot serve: long enough that a lock taken for a
+#: moment (a fast migration, autovacuum truncating a table) does not count.
+PROBE_LOCK_WAIT_S = 1.0
 
 _STOP = object()
 
@@ -81,6 +101,16 @@ def _settle(future: Future[Any] | asyncio.Future[Any], ok: bool, value: Any) -> 
 def _settle_all(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
     for future, ok, value in outcomes:
         _settle(future, ok, value)
+
+
+def _answer_to(caller_deadline: float | None, gave_up: TimedOut) -> DomainError:
+    """DEADLINE_EXCEEDED when the caller's deadline ended the wait, else `gave_up`."""
+    if caller_deadline is not None and time.monotonic() >= caller_deadline:
+        return DeadlineExceeded(
+            "DEADLINE_EXCEEDED",
+            f"the call's deadline passed while it waited for the database: {gave_up.message}",
+        )
+    return gave_up
 
 
 def _expired(deadline: float | None) -> DeadlineExceeded | None:
@@ -121,11 +151,18 @@ class TransactionRunner:
         backend: Backend,
         settings: DatabaseSettings,
         begin_write: Callable[[], None] | None = None,
+        written_tables: Sequence[str] = (),
     ) -> None:
         """`begin_write` runs first in every write transaction: the place a service
-        takes the lock its version checks rely on (see `LogStore.lock_log`)."""
+        takes the lock its version checks rely on (see `LogStore.lock_log`).
+        `written_tables`: the tables the service writes, whose locks `probe()` tries."""
         self.backend = backend
         self._begin_write = begin_write or (lambda: None)
+        self._written_tables = tuple(written_tables)
+        self._max_lock_wait_s = settings.busy_timeout_ms / 1000
+        self._gave_up_lines = LogBudget()
+        #: Write transactions committed so far (health checking tells progress by it).
+        self._commits = 0
         self._max_batch = settings.max_batch
         self._pooled = isinstance(backend.database, PooledDatabase)
         self._outage = _Outage()
@@ -166,9 +203,11 @@ class TransactionRunner:
         return await asyncio.wrap_future(self.submit_read(op, consistent))
 
     def probe(self) -> None:
-        """Raises `Unavailable` unless the database answers now (health checking).
+        """Raises `Unavailable` unless the database answers now and a write could take
+        its locks (health checking).
 
-        A failure opens the outage window (calls fail fast); success closes it.
+        A failure to answer opens the outage window (calls fail fast); success closes it.
+        Locks held elsewhere do not: calls keep trying, each within its own bound.
         """
         try:
             self._probe_once()
@@ -183,6 +222,19 @@ class TransactionRunner:
             self._outage.down(down)
             raise
         self._outage.up()
+        self._probe_writes()
+
+    def _probe_writes(self) -> None:
+        """Raises `TimedOut` when a write could not take the written tables' locks within
+        `PROBE_LOCK_WAIT_S` and no write of this runner committed meanwhile: this
+        process's own writers, taking SQLite's one write lock in turn, hold nobody up."""
+        commits = self._commits
+        try:
+            wait_s = min(PROBE_LOCK_WAIT_S, self._max_lock_wait_s)
+            self.backend.probe_writes(self._written_tables, wait_s)
+        except TimedOut:
+            if self._commits == commits:
+                raise
 
     def _probe_once(self) -> None:
         try:
@@ -249,6 +301,26 @@ class TransactionRunner:
                 with contextlib.suppress(Exception):
                     database.close()  # back to the pool (a broken one is dropped)
 
+    def _bounded(self, deadlines: Sequence[float | None]) -> contextlib.AbstractContextManager[Any]:
+        """Lock waits bounded by the configured wait, or sooner by the callers' deadlines
+        (the latest: no caller of a group commit is failed before its own deadline)."""
+        wait_s = self._max_lock_wait_s
+        if deadlines and None not in deadlines:
+            latest = max(deadline for deadline in deadlines if deadline is not None)
+            wait_s = min(wait_s, latest - time.monotonic())
+        return self.backend.bound_lock_waits(max(wait_s, 0.001))
+
+    def _gave_up(self, gave_up: TimedOut, deadlines: Sequence[float | None]) -> list[DomainError]:
+        """Each caller's answer for an operation whose statement gave up waiting; the
+        event is logged in one line, within a budget (a held lock fails every call)."""
+        held = self._gave_up_lines.take()
+        if held is not None:
+            note = f" ({held} more since, not logged)" if held else ""
+            log.warning(
+                "a call gave up on the database (%s): %s%s", gave_up.reason, gave_up.message, note
+            )
+        return [_answer_to(deadline, gave_up) for deadline in deadlines]
+
     def _discard_connection(self) -> None:
         """Drops this thread's connection, and the pool's idle ones: a server that broke
         one connection (a restart, a mass termination) has usually broken them all."""
@@ -274,7 +346,7 @@ class TransactionRunner:
             if expired is not None:
                 raise expired
             try:
-                with self._connected(), self._snapshot(consistent):
+                with self._connected(), self._bounded([deadline]), self._snapshot(consistent):
                     return context.run(op)
             except DomainError:
                 raise
@@ -282,6 +354,8 @@ class TransactionRunner:
                 fault = self._translated(exc)
                 if fault is None:
                     raise
+                if isinstance(fault, TimedOut):
+                    raise self._gave_up(fault, [deadline])[0] from exc
                 if attempt == 2 or not isinstance(fault, ConnectionLost):
                     raise fault from exc
                 log.warning("a read lost its database connection (%s); retrying once", exc)
@@ -328,13 +402,18 @@ class TransactionRunner:
         """Runs the batch in one transaction; returns each operation's (ok, result or error)."""
         if len(batch) == 1:
             return [self._commit_alone(batch[0])]
+        deadlines = [op.deadline for op in batch]
         try:
-            return self._transaction(lambda now: [self._run_in_savepoint(op, now) for op in batch])
+            return self._transaction(
+                lambda now: [self._run_in_savepoint(op, now) for op in batch], deadlines
+            )
         except ConnectionLost:
             # Broke before COMMIT: nothing was written, so each may run again.
             return [self._commit_alone(op) for op in batch]
         except _LostAtCommit:
             return [(False, self._lost_at_commit())] * len(batch)
+        except TimedOut as gave_up:  # alone, each would wait as long again
+            return [(False, answer) for answer in self._gave_up(gave_up, deadlines)]
         except Unavailable as unreachable:  # none of them ran
             return [(False, unreachable)] * len(batch)
         except Exception:
@@ -348,11 +427,13 @@ class TransactionRunner:
             if expired is not None:
                 return False, expired
             try:
-                return True, self._transaction(op.call)
+                return True, self._transaction(op.call, [op.deadline])
             except ConnectionLost as lost:
                 if attempt == 2:
                     return False, lost
                 log.warning("a write lost its database connection before COMMIT; retrying once")
+            except TimedOut as gave_up:
+                return False, self._gave_up(gave_up, [op.deadline])[0]
             except DomainError as refused:
                 return False, refused  # rolled back: a refused call writes nothing
             except _LostAtCommit:
@@ -362,18 +443,20 @@ class TransactionRunner:
                 return False, exc
         raise AssertionError("unreachable")
 
-    def _transaction(self, body: Callable[[float], T]) -> T:
-        """`body(now)` in one write transaction on a pooled connection.
+    def _transaction(self, body: Callable[[float], T], deadlines: Sequence[float | None]) -> T:
+        """`body(now)` in one write transaction on a pooled connection, its lock waits
+        bounded for the callers whose `deadlines` are given.
 
         Raises `ConnectionLost` if the connection broke before COMMIT, `_LostAtCommit`
         if it broke during COMMIT, and the backend's translation of known faults.
         """
         committing = False
         try:
-            with self._connected(), self.backend.write_transaction():
+            with self._connected(), self._bounded(deadlines), self.backend.write_transaction():
                 self._begin_write()
                 result = body(self.backend.now())
                 committing = True
+            self._commits += 1
             return result
         except DomainError:
             raise

@@ -164,14 +164,12 @@ class GrpcApp:
         settings = self.settings
         self.health = HealthServicer()
         auth = AuthInterceptor(settings.auth)
-        interceptors: list[Stage] = [
-            DomainErrorInterceptor(),
-            DeadlineInterceptor(on_unavailable=self._probe_now.set),
-            auth,
-        ]
+        interceptors: list[Stage] = [DomainErrorInterceptor()]
         if settings.max_concurrent_rpcs is not None:
             # Ours, not gRPC's maximum_concurrent_rpcs: that one counts watchers' streams.
-            interceptors.insert(0, UnaryLimitInterceptor(settings.max_concurrent_rpcs))
+            # Inside the error mapping, which answers a request it cannot read.
+            interceptors.append(UnaryLimitInterceptor(settings.max_concurrent_rpcs))
+        interceptors += [DeadlineInterceptor(on_unavailable=self._probe_now.set), auth]
         access = None if settings.access_log == "off" else AccessLog(settings.access_log)
         if settings.metrics is not None or access is not None:
             # Outermost, so that it sees the status the caller gets (RESOURCE_EXHAUSTED too).

@@ -9,8 +9,8 @@ Besides opening the file, the backend guards it:
   with UNAVAILABLE and `probe()` fails, instead of acknowledging writes into an
   unlinked inode that the next start would not find;
 - database faults become domain errors (`translate`): a full disk is
-  RESOURCE_EXHAUSTED, a lock held past the busy timeout or an I/O error is
-  UNAVAILABLE, each message naming the file;
+  RESOURCE_EXHAUSTED, a lock held past the busy timeout (`TimedOut`) or an I/O
+  error is UNAVAILABLE, each message naming the file;
 - "now" is a clock anchored in the file that wall-clock steps do not move
   (`switchboard.sqlite_clock`).
 """
@@ -18,6 +18,7 @@ Besides opening the file, the backend guards it:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sqlite3
 import threading
@@ -36,7 +37,7 @@ from switchboard.database import (
     StartupRefused,
     StatementCounter,
 )
-from switchboard.errors import DomainError, ResourceExhausted, Unavailable
+from switchboard.errors import DomainError, ResourceExhausted, TimedOut, Unavailable
 from switchboard.sqlite_clock import AnchoredClock, WallClock, anchored_clock
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,8 @@ class SqliteBackend:
     def __init__(self, path: str, settings: DatabaseSettings) -> None:
         self.path = path
         self.busy_timeout_ms = settings.busy_timeout_ms
+        #: Per thread: the busy timeout `bound_lock_waits` last set on its connection.
+        self._bound = threading.local()
         self.file = DataFile(path)
         self._faults = _FaultLog()
         #: Set when a statement met a damaged page: health stops answering SERVING.
@@ -186,13 +189,48 @@ class SqliteBackend:
                 fault.message if fault else f"the SQLite database {self.path} failed: {exc}",
             ) from exc
 
+    def probe_writes(self, tables: Sequence[str], wait_s: float) -> None:
+        # The file has one write lock, whatever the tables: take it (as every write
+        # transaction does, IMMEDIATE) on a connection of its own, and let it go.
+        del tables
+        if self.path == ":memory:":
+            return
+        try:
+            with closing(self.file.connect_existing(timeout_s=wait_s)) as connection:
+                connection.execute("BEGIN IMMEDIATE")
+                connection.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            fault = self.translate(exc)
+            if fault is None:
+                raise
+            raise fault from exc
+
+    @contextmanager
+    def bound_lock_waits(self, seconds: float) -> Iterator[None]:
+        # Rounded up: a bound taken from a deadline ends at or after it, never before.
+        busy_ms = max(1, math.ceil(seconds * 1000))
+        database: Any = self.database  # peewee's stubs leave connection() untyped
+        connection: sqlite3.Connection = database.connection()
+        if getattr(self._bound, "set_on", None) is not connection or self._bound.ms != busy_ms:
+            connection.execute(f"PRAGMA busy_timeout = {busy_ms}")  # bookkeeping: uncounted
+            self._bound.set_on, self._bound.ms = connection, busy_ms
+        # Left set after the block: each operation of the runner's threads (the only
+        # users of their connections) sets its own first.
+        yield
+
+    def _busy_timeout_ms(self) -> int:
+        """The busy timeout of this thread's connection (translated faults say it)."""
+        busy_ms: int = getattr(self._bound, "ms", self.busy_timeout_ms)
+        return busy_ms
+
     def translate(self, exc: BaseException) -> DomainError | None:
         for link in _causes(exc):
             if isinstance(link, DomainError):
                 return link  # a check of ours, raised inside peewee
             fault = self._fault(link) if isinstance(link, sqlite3.Error) else None
             if fault is not None:
-                self._faults.note(fault)
+                if not isinstance(fault, TimedOut):  # the runner logs those, budgeted
+                    self._faults.note(fault)
                 return fault
         return None
 
@@ -212,11 +250,12 @@ class SqliteBackend:
                 "the call wrote nothing and can be retried once space is free",
             )
         if primary in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-            return Unavailable(
+            return TimedOut(
                 "DATABASE_LOCKED",
                 f"the SQLite database {path} stayed locked by another connection for longer "
-                f"than the busy timeout ({self.busy_timeout_ms} ms); the call wrote nothing: "
-                "retry",
+                f"than the busy timeout ({self._busy_timeout_ms()} ms: the call's deadline or "
+                "--db-lock-timeout); the call wrote nothing: retry. `fuser` or `lsof` on "
+                "the file shows which process holds it",
             )
         if primary == sqlite3.SQLITE_NOMEM:
             return ResourceExhausted(

@@ -289,8 +289,8 @@ class ServerProcess:
         )
 
     def wait_ready(self, timeout_s: float = 30.0) -> str:
-        """Waits for the "listening" line; returns the address. Lines printed before
-        it are kept in `output` (what a failed start said)."""
+        """Waits for the "listening" line; returns the address. What the process prints
+        is kept in `output` (what a failed start said, and its log after)."""
         assert self.process is not None and self.process.stdout is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -309,8 +309,8 @@ class ServerProcess:
 
     def _drain_output(self) -> None:
         assert self.process is not None and self.process.stdout is not None
-        for _line in self.process.stdout:
-            pass
+        for line in self.process.stdout:
+            self.output.append(line)
 
     def kill(self) -> None:
         assert self.process is not None

@@ -27,6 +27,8 @@ class RawAnswer:
     #: grpc-status (None when the stream ended without one).
     status: int | None = None
     message: bytes = b""
+    #: grpc-status-details-bin as sent (base64 of a google.rpc.Status).
+    details: bytes = b""
     #: RST_STREAM's error code, if the server reset the stream.
     reset: int | None = None
     #: The server's SETTINGS, as received.
@@ -137,6 +139,8 @@ def _read_status(answer: RawAnswer, headers: object) -> None:
             answer.status = int(value)
         elif key == b"grpc-message":
             answer.message = value
+        elif key == b"grpc-status-details-bin":
+            answer.details = value
 
 
 def call(address: str, method: str, headers: Headers, body: bytes = b"") -> RawAnswer:
