@@ -1,0 +1,153 @@
+"""What the SessionService keeps of a person's ids beyond the routing: the sealed reply
+target on a resume mark (opaque, bounded, in the gateways' envelope, never in clear),
+thread ids of redacting agents, and chat sources sent between agents when either of
+them redacts. Real servers, both backends."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from typing import Any
+
+import grpc
+import pytest
+
+from session_service import recovery
+from session_service.core import SessionLimits
+from switchboard.session.v1 import session_service_pb2 as pb
+from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
+from tests.harness import EventLoopThread, InProcessSession, session_server
+from tests.session.conftest import create_agent, resolve, user_message
+from tests.status import error_details, error_reason
+
+KEY = b"reply target tests, 32 bytes ..."
+REDACTS = pb.AgentSettings(redact_pii=True)
+CHAT, USER, THREAD = "6012345678", "u-5012345678", "4012345678"
+
+
+def sealed(size: int = 93) -> bytes:
+    """Something in the envelope's shape (version 1, nonce, body, tag): the service
+    cannot tell it from a real sealing, and need not."""
+    return bytes([1]) + os.urandom(size - 1)
+
+
+def _hmac12(value: str) -> str:
+    return hmac.new(KEY, value.encode(), hashlib.sha256).hexdigest()[:12]
+
+
+def _mark(
+    stub: pb_grpc.SessionServiceStub, session_id: str, pending: bool = True, **fields: Any
+) -> pb.Session:
+    request = pb.MarkResumableRequest(
+        agent="main", session_id=session_id, pending=pending, **fields
+    )
+    return stub.MarkResumable(request).session
+
+
+def _get(stub: pb_grpc.SessionServiceStub, session_id: str) -> pb.Session:
+    return stub.GetSession(pb.GetSessionRequest(agent="main", session_id=session_id)).session
+
+
+def _log_size(stub: pb_grpc.SessionServiceStub) -> int:
+    return len(stub.ListLogEvents(pb.ListLogEventsRequest(page_size=1000)).entries)
+
+
+@pytest.fixture
+def service(database_url: str, loop_thread: EventLoopThread) -> Any:
+    with session_server(loop_thread, database_url, pii_key=KEY) as server:
+        yield server
+
+
+# -- the sealed reply target on the mark ------------------------------------------------
+
+
+def test_the_sealed_target_travels_with_the_mark_and_goes_with_it(
+    service: InProcessSession,
+) -> None:
+    create_agent(service.stub, settings=REDACTS)
+    session_id = resolve(service.stub, transport="telegram", chat_type=pb.CHAT_TYPE_DM,
+                         chat_id=CHAT).session.session_id  # fmt: skip
+    first, second = sealed(), sealed(157)
+    assert _mark(service.stub, session_id, holder="gw-a", reply_target=first).reply_target == first
+    assert _get(service.stub, session_id).reply_target == first
+    [listed] = service.stub.ListResumable(pb.ListResumableRequest(agent="main")).sessions
+    assert (listed.session_id, listed.reply_target) == (session_id, first)
+    state = service.stub.GetSessionState(
+        pb.GetSessionStateRequest(agent="main", session_id=session_id)
+    )
+    assert state.state.session.reply_target == first
+
+    # A gateway taking the turn over passes it on (or replaces it): the last mark wins.
+    assert _mark(service.stub, session_id, holder="gw-b", reply_target=second).reply_target == (
+        second
+    )
+    assert _mark(service.stub, session_id, holder="gw-c").reply_target == b""
+    _mark(service.stub, session_id, reply_target=first)
+    cleared = _mark(service.stub, session_id, pending=False, reply_target=second)
+    assert (cleared.resume_pending, cleared.reply_target) == (False, b""), "not kept unmarked"
+    assert _get(service.stub, session_id).reply_target == b""
+
+
+def test_the_sealed_target_survives_a_restart_snapshots_a_rebuild_and_rewinds(
+    database_url: str, loop_thread: EventLoopThread
+) -> None:
+    limits = SessionLimits(snapshot_every=2)  # the mark ends up inside a snapshot
+    target = sealed()
+    with session_server(loop_thread, database_url, limits, pii_key=KEY) as before:
+        create_agent(before.stub, settings=REDACTS)
+        session_id = resolve(before.stub, transport="web", conversation_id="t").session.session_id
+        at = _mark(before.stub, session_id, holder="gw", reply_target=target).last_sequence
+        for text in ("one", "two", "three"):
+            before.stub.AppendEvents(
+                pb.AppendEventsRequest(
+                    agent="main", session_id=session_id, events=[user_message(text)]
+                )
+            )
+        marked = _get(before.stub, session_id)
+    with session_server(loop_thread, database_url, limits, pii_key=KEY) as after:
+        assert _get(after.stub, session_id) == marked and marked.reply_target == target
+        report = recovery.rebuild(after.unit.core)
+        assert not report.differed, report.differences
+        assert _get(after.stub, session_id) == marked, "a replay of the log says the same"
+        _mark(after.stub, session_id, pending=False)
+        after.stub.Rewind(pb.RewindRequest(sequence=at))
+        assert _get(after.stub, session_id).reply_target == target, "the rewind's target's"
+
+
+@pytest.mark.parametrize(
+    ("reply_target", "reason"),
+    [
+        (sealed(1025), "SEALED_TARGET_TOO_LARGE"),
+        (b"6012345678", "SEALED_TARGET_MALFORMED"),  # a chat id in clear
+        (
+            b'{"chat_id":"6012345678","platform":"telegram","thread_id":""}',
+            "SEALED_TARGET_MALFORMED",
+        ),
+        (bytes([2]) + os.urandom(92), "SEALED_TARGET_MALFORMED"),  # an unknown envelope
+        (sealed(29), "SEALED_TARGET_MALFORMED"),  # shorter than nonce + tag + 1 byte
+    ],
+    ids=["1025 bytes", "digits", "json", "version 2", "29 bytes"],
+)
+@pytest.mark.parametrize("pending", [True, False], ids=["setting", "clearing"])
+def test_an_oversized_or_malformed_target_is_invalid_and_writes_nothing(
+    service: InProcessSession, reply_target: bytes, reason: str, pending: bool
+) -> None:
+    create_agent(service.stub, settings=REDACTS)
+    session_id = resolve(service.stub, transport="web", conversation_id="t").session.session_id
+    _mark(service.stub, session_id, reply_target=sealed())
+    before, logged = _get(service.stub, session_id), _log_size(service.stub)
+    with pytest.raises(grpc.RpcError) as refused:
+        _mark(service.stub, session_id, pending, reply_target=reply_target)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason(refused.value) == reason
+    assert error_details(refused.value)[1] == ["reply_target"]
+    assert "reply_target" in (refused.value.details() or "")
+    assert _get(service.stub, session_id) == before
+    assert _log_size(service.stub) == logged
+
+
+def test_the_largest_target_is_accepted(service: InProcessSession) -> None:
+    create_agent(service.stub)
+    session_id = resolve(service.stub, transport="web", conversation_id="t").session.session_id
+    assert len(_mark(service.stub, session_id, reply_target=sealed(1024)).reply_target) == 1024
