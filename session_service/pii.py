@@ -1,7 +1,9 @@
 """Personal ids hashed before they are stored, for agents with `settings.redact_pii`.
 
-A platform user id is stored as `user_<12 hex>` and a chat id as
-`<platform>:<12 hex>`: the first 48 bits of HMAC-SHA256(server key, id). The key
+A platform user id is stored as `user_<12 hex>`, a chat id as `<platform>:<12 hex>`
+and a thread id as `thread_<12 hex>`: the first 48 bits of HMAC-SHA256(server key,
+id). Threads count as personal: a thread of a DM, or a forum topic a person opened,
+is as telling as the chat, and gateways seal the raw ones in the reply target. The key
 is what makes the digest one-way in practice: platform ids are short (a Telegram
 user id has about ten digits), so an unkeyed digest is reversed by trying every
 id in seconds. Without a key the digest is sha256(id), as before keys existed,
@@ -28,6 +30,7 @@ from pathlib import Path
 MIN_KEY_BYTES = 16
 _DIGEST_CHARS = 12
 _REDACTED_USER = re.compile(rf"user_[0-9a-f]{{{_DIGEST_CHARS}}}")
+_REDACTED_THREAD = re.compile(rf"thread_[0-9a-f]{{{_DIGEST_CHARS}}}")
 _DIGEST = re.compile(rf"[0-9a-f]{{{_DIGEST_CHARS}}}")
 #: A sender naming an agent (`agent:<agent name>`, names as `sessions.agent_name`).
 _AGENT_SENDER = re.compile(r"agent:[a-z0-9][a-z0-9_-]{0,62}")
@@ -83,6 +86,12 @@ class Redactor:
         if not chat_id or is_redacted_chat(platform, chat_id):
             return chat_id
         return f"{platform}:{self.digest(chat_id)}"
+
+    def thread(self, thread_id: str) -> str:
+        """`thread_<12 hex>`; empty and already redacted ids are kept."""
+        if not thread_id or _REDACTED_THREAD.fullmatch(thread_id):
+            return thread_id
+        return f"thread_{self.digest(thread_id)}"
 
     def fingerprint_key(self) -> bytes | None:
         """A key of its own for request fingerprints (derived, so that a fingerprint

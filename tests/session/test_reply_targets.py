@@ -151,3 +151,25 @@ def test_the_largest_target_is_accepted(service: InProcessSession) -> None:
     create_agent(service.stub)
     session_id = resolve(service.stub, transport="web", conversation_id="t").session.session_id
     assert len(_mark(service.stub, session_id, reply_target=sealed(1024)).reply_target) == 1024
+
+
+# -- thread ids ---------------------------------------------------------------------------
+
+
+def test_a_redacting_agent_stores_thread_ids_hashed(service: InProcessSession) -> None:
+    create_agent(service.stub, "private", settings=REDACTS)
+    create_agent(service.stub, "open")
+    topic = {
+        "transport": "telegram", "chat_type": pb.CHAT_TYPE_GROUP, "chat_id": "-100" + CHAT,
+        "thread_id": THREAD, "user_id": USER,
+    }  # fmt: skip
+    hashed = resolve(service.stub, "private", **topic)
+    assert hashed.session.source.thread_id == f"thread_{_hmac12(THREAD)}"
+    assert THREAD not in hashed.session.routing_key
+    assert f"thread_{_hmac12(THREAD)}" in hashed.session.routing_key
+    again = resolve(service.stub, "private", **topic)
+    assert (again.created, again.session.session_id) == (False, hashed.session.session_id)
+    other = resolve(service.stub, "private", **{**topic, "thread_id": THREAD + "1"})
+    assert other.session.session_id != hashed.session.session_id, "threads stay apart"
+    kept = resolve(service.stub, "open", **topic).session
+    assert kept.source.thread_id == THREAD and THREAD in kept.routing_key, "as given"
