@@ -173,3 +173,47 @@ def test_a_redacting_agent_stores_thread_ids_hashed(service: InProcessSession) -
     assert other.session.session_id != hashed.session.session_id, "threads stay apart"
     kept = resolve(service.stub, "open", **topic).session
     assert kept.source.thread_id == THREAD and THREAD in kept.routing_key, "as given"
+
+
+# -- between agents -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sender", "receiver", "hashed"),
+    [("private", "open", True), ("open", "private", True), ("open", "open2", False)],
+    ids=["from a redacting agent", "into a redacting agent", "neither redacts"],
+)
+def test_a_chat_source_sent_to_a_peer_is_hashed_when_either_agent_redacts(
+    service: InProcessSession, sender: str, receiver: str, hashed: bool
+) -> None:
+    create_agent(service.stub, "private", settings=REDACTS, peers=["open"])
+    create_agent(service.stub, "open", peers=["private", "open2"])
+    create_agent(service.stub, "open2")
+    asking = resolve(service.stub, sender, transport="web", conversation_id="t").session
+    chat = pb.Source(
+        transport="telegram", chat_type=pb.CHAT_TYPE_DM, chat_id=CHAT, thread_id=THREAD,
+        user_id=USER,
+    )  # fmt: skip
+    message = pb.Message(role=pb.ROLE_USER, content="for you", sender=USER)
+    event = service.stub.SendToPeer(
+        pb.SendToPeerRequest(
+            agent=sender, session_id=asking.session_id, to_agent=receiver, source=chat,
+            message=message,
+        )
+    ).event  # fmt: skip
+    got = service.stub.GetSession(
+        pb.GetSessionRequest(agent=receiver, session_id=event.session_id)
+    ).session
+    stored = (got.source.chat_id, got.source.user_id, got.source.thread_id)
+    sent = event.inbox_posted.message.sender
+    if hashed:
+        digests = (
+            f"telegram:{_hmac12(CHAT)}",
+            f"user_{_hmac12(USER)}",
+            f"thread_{_hmac12(THREAD)}",
+        )
+        assert stored == digests
+        assert sent == f"user_{_hmac12(USER)}"
+        assert not any(raw in got.routing_key for raw in (CHAT, USER, THREAD))
+    else:
+        assert (stored, sent) == ((CHAT, USER, THREAD), USER)
