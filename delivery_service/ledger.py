@@ -242,8 +242,7 @@ class Ledger:
                 reason="CONTENT_TOO_LARGE",
             )
         validation.platform("platform", new.platform)
-        validation.text("chat_id", new.chat_id, max_len=256, required=True)
-        validation.text("thread_id", new.thread_id, max_len=256)
+        _reply_target(new)
         validation.string_map("metadata", new.metadata)
         return new
 
@@ -578,6 +577,22 @@ class Ledger:
         ids = sorted(set(obligation_ids)) or None
         return await self.runner.write(
             lambda now: self.store.hand_over(now, from_gateway, to_gateway, ids)
+        )
+
+
+def _reply_target(new: NewObligation) -> None:
+    """Where the reply goes: a chat id in clear, or the gateway's sealed target, never
+    both (a raw id beside a sealed one would be stored in clear)."""
+    validation.sealed_target("sealed_target", new.sealed_target)
+    if not new.sealed_target and not new.chat_id:
+        raise InvalidArgument("chat_id", "is required (or the sealed target, sealed_target)")
+    validation.text("chat_id", new.chat_id, max_len=256)
+    validation.text("thread_id", new.thread_id, max_len=256)
+    if new.sealed_target and (new.chat_id or new.thread_id):
+        raise InvalidArgument(
+            "chat_id" if new.chat_id else "thread_id",
+            "must be empty when sealed_target is given: the sealed target carries the chat "
+            "and the thread, and an id beside it would be stored in clear",
         )
 
 
