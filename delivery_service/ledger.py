@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from delivery_service.records import (
@@ -25,6 +26,7 @@ from delivery_service.records import (
     ObligationFilter,
     Page,
 )
+from delivery_service.redaction import LedgerRedactor
 from delivery_service.state_machine import HOLDER_SOURCES, OWED, LedgerLimits, State
 from delivery_service.store import LedgerStore
 from switchboard import pagination, validation
@@ -101,10 +103,18 @@ def _changed_concurrently(obligation_id: str) -> Obligation:
 
 
 class Ledger:
-    def __init__(self, runner: TransactionRunner, store: LedgerStore, limits: LedgerLimits) -> None:
+    def __init__(
+        self,
+        runner: TransactionRunner,
+        store: LedgerStore,
+        limits: LedgerLimits,
+        redactor: LedgerRedactor | None = None,
+    ) -> None:
         self.runner = runner
         self.store = store
         self.limits = limits
+        #: With a PII key: session keys stored hashed, reply targets only sealed.
+        self.redactor = redactor or LedgerRedactor()
 
     # -- gateway instances ----------------------------------------------------------------
 
@@ -246,6 +256,21 @@ class Ledger:
         validation.string_map("metadata", new.metadata)
         return new
 
+    def _stored(self, new: NewObligation) -> NewObligation:
+        """The reply as this server may store it: with a PII key, its target only
+        sealed and its session key hashed (which the id is then computed over)."""
+        if not self.redactor.keyed:
+            return new
+        if not new.sealed_target:
+            raise InvalidArgument(
+                "chat_id",
+                "this DeliveryService keeps no raw personal ids (it has a PII key): record "
+                "the reply target sealed in sealed_target, with chat_id and thread_id empty "
+                "(the reference gateways do when given a reply key)",
+                reason="SEALED_TARGET_REQUIRED",
+            )
+        return replace(new, session_key=self.redactor.session_key(new.session_key))
+
     async def record(
         self,
         instance_id: str,
@@ -267,6 +292,7 @@ class Ledger:
                 "session_key: this token records replies only under keys "
                 "'agent:<name>:...' of its own agents",
             )
+        new = self._stored(new)
         state = State.ATTEMPTING if begin_attempt else State.PENDING
         principal = _principal_guard(caller)
 
@@ -463,6 +489,10 @@ class Ledger:
             filters.append(where.gateway_name)
         position = pagination.position_of(page_token, filters, float, str)
         after = None if position is None else (position[0], position[1])
+        if where.session_key:
+            where = replace(
+                where, session_key_as_stored=self.redactor.session_key(where.session_key)
+            )
 
         def op() -> Page:
             rows = self.store.list_page(where, after, size + 1, caller.agents)

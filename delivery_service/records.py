@@ -168,6 +168,8 @@ class ObligationFilter:
     session_key: str = ""
     owner_instance_id: str = ""
     gateway_name: str = ""
+    #: `session_key` as a server with a PII key stores it; rows match under either.
+    session_key_as_stored: str = ""
 
 
 @dataclass(frozen=True)

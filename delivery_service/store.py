@@ -521,7 +521,8 @@ class LedgerStore:
         if where.platform:
             query = query.where(obl.platform == where.platform)
         if where.session_key:
-            query = query.where(obl.session_key == where.session_key)
+            keys = {where.session_key, where.session_key_as_stored} - {""}
+            query = query.where(obl.session_key.in_(sorted(keys)))
         if where.owner_instance_id:
             query = query.where(obl.owner_instance_id == where.owner_instance_id)
         if where.gateway_name:

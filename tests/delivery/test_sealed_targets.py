@@ -1,9 +1,15 @@
-"""Reply targets sealed by the gateways in the ledger: kept and handed back in place
-of the chat id, envelope-checked, never beside a chat id. Real servers, both backends."""
+"""Reply targets sealed by the gateways in the ledger, and what a DeliveryService with a
+PII key keeps: the sealed target instead of a chat id, the session key as a keyed
+digest that every lookup still finds, and no reply target in clear. Real servers, both
+backends."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -11,15 +17,30 @@ import pytest
 
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
-from tests.harness import Gateway, InProcessDelivery, get
+from tests.harness import (
+    EventLoopThread,
+    Gateway,
+    InProcessDelivery,
+    ServerProcess,
+    delivery_server,
+    get,
+)
 from tests.status import error_details, error_reason
 
+KEY = b"sealed target tests, 32 bytes .."
 RAW_KEY = "agent:main:telegram:dm:6012345678"
 
 
 def sealed(size: int = 93) -> bytes:
     """Something in the envelope's shape (version 1, nonce, body, tag)."""
     return bytes([1]) + os.urandom(size - 1)
+
+
+def stored_key(session_key: str) -> str:
+    """What a keyed ledger stores, computed as documented (delivery_service.redaction)."""
+    derived = hmac.new(KEY, b"switchboard ledger session key", hashlib.sha256).digest()
+    digest = hmac.new(derived, session_key.encode(), hashlib.sha256).hexdigest()[:32]
+    return f"agent:main:sk_{digest}"
 
 
 def _sealed_record(gateway: Gateway, target: bytes, **fields: Any) -> pb.RecordObligationResponse:
@@ -31,6 +52,12 @@ def _sealed_record(gateway: Gateway, target: bytes, **fields: Any) -> pb.RecordO
 
 def _rows(stub: pb_grpc.DeliveryServiceStub, **filters: Any) -> list[pb.Obligation]:
     return list(stub.ListObligations(pb.ListObligationsRequest(**filters)).obligations)
+
+
+@pytest.fixture
+def keyed(database_url: str, loop_thread: EventLoopThread) -> Iterator[InProcessDelivery]:
+    with delivery_server(loop_thread, database_url, pii_key=KEY) as server:
+        yield server
 
 
 def test_a_sealed_target_is_kept_and_handed_back_in_place_of_the_chat(
@@ -86,3 +113,68 @@ def test_a_bad_sealed_target_is_invalid_and_writes_nothing(
     assert (error_reason(refused.value), error_details(refused.value)[1]) == (reason, [field])
     assert field in (refused.value.details() or "")
     assert _rows(delivery.stub) == []
+
+
+def test_a_keyed_ledger_refuses_a_reply_target_in_clear(keyed: InProcessDelivery) -> None:
+    gateway = Gateway(keyed.stub, platforms=("telegram",))
+    with pytest.raises(grpc.RpcError) as refused:
+        gateway.record(session_key=RAW_KEY, platform="telegram", chat_id="6012345678")
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_reason(refused.value) == "SEALED_TARGET_REQUIRED"
+    assert "sealed_target" in (refused.value.details() or "")
+    assert _rows(keyed.stub) == []
+
+
+def test_a_keyed_ledger_stores_the_session_key_hashed_and_finds_the_row_by_either(
+    keyed: InProcessDelivery,
+) -> None:
+    gateway = Gateway(keyed.stub, platforms=("telegram",))
+    first = _sealed_record(gateway, sealed(), message_ref="m1", content="the answer")
+    row = first.obligation
+    assert row.session_key == stored_key(RAW_KEY) and row.agent == "main"
+    expected_id = hashlib.sha256(f"{stored_key(RAW_KEY)}|m1|the answer".encode()).hexdigest()
+    assert row.id == expected_id[:24], "the id is computed over the key as stored"
+    again = _sealed_record(gateway, sealed(), message_ref="m1", content="the answer")
+    assert (again.created, again.obligation.id) == (False, row.id), "recorded twice: one row"
+    other = _sealed_record(gateway, sealed(), message_ref="m2", content="the answer")
+    assert other.created and other.obligation.id != row.id
+
+    by_raw = [listed.id for listed in _rows(keyed.stub, session_key=RAW_KEY)]
+    by_stored = [listed.id for listed in _rows(keyed.stub, session_key=row.session_key)]
+    assert by_raw == by_stored == [row.id, other.obligation.id]
+    assert _rows(keyed.stub, session_key=RAW_KEY + "0") == []
+    assert stored_key(RAW_KEY) != stored_key(RAW_KEY + "0")
+
+
+def test_rows_recorded_before_the_key_are_still_found_by_their_raw_key(
+    database_url: str, loop_thread: EventLoopThread
+) -> None:
+    with delivery_server(loop_thread, database_url) as before:
+        gateway = Gateway(before.stub, platforms=("telegram",))
+        old = gateway.record(session_key=RAW_KEY, platform="telegram", chat_id="6").obligation
+    with delivery_server(loop_thread, database_url, pii_key=KEY) as after:
+        gateway = Gateway(after.stub, platforms=("telegram",))
+        new = _sealed_record(gateway, sealed(), message_ref="m2").obligation
+        found = [row.id for row in _rows(after.stub, session_key=RAW_KEY)]
+        assert found == [old.id, new.id]
+
+
+@pytest.mark.slow
+def test_serve_delivery_takes_the_pii_key_as_the_session_service_does(
+    database_url: str, tmp_path: Path
+) -> None:
+    server = ServerProcess(database_url, tmp_path, env={"SWITCHBOARD_PII_KEY": KEY.decode()})
+    server.start()
+    try:
+        with grpc.insecure_channel(server.address) as channel:
+            gateway = Gateway(pb_grpc.DeliveryServiceStub(channel), platforms=("telegram",))
+            with pytest.raises(grpc.RpcError) as refused:
+                gateway.record(session_key=RAW_KEY, platform="telegram", chat_id="6012345678")
+            assert error_reason(refused.value) == "SEALED_TARGET_REQUIRED"
+            row = _sealed_record(gateway, sealed()).obligation
+            assert row.session_key == stored_key(RAW_KEY)
+    finally:
+        server.stop_quietly()
+    short = ServerProcess(database_url, tmp_path, env={"SWITCHBOARD_PII_KEY": "too-short"})
+    with pytest.raises(RuntimeError, match="it must be at least 16"):
+        short.start()
