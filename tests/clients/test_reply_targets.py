@@ -1,10 +1,15 @@
 """The gateways' sealed reply targets (switchboard_client.reply_targets): the envelope,
-what opens it and what does not, and the key's checks."""
+what opens it and what does not, the key's checks, and the Node gateway opening what
+the Python one sealed and the other way round."""
 
 from __future__ import annotations
 
 import base64
+import json
 import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from switchboard_client.reply_targets import (
@@ -20,6 +25,8 @@ from switchboard_client.reply_targets import (
 
 from switchboard import validation
 
+ROOT = Path(__file__).resolve().parents[2]
+NODE = shutil.which("node")
 KEY = bytes(range(7, 39))
 TARGET = ReplyTarget("telegram", "-1001987654321", "17585")
 
@@ -102,3 +109,29 @@ def test_the_key_comes_from_the_option_else_the_environment() -> None:
         from_option.open(sealed)
     with pytest.raises(ReplyKeyRefused):
         reply_sealer(None, {REPLY_KEY_ENV: "CHANGE-ME"})
+
+
+@pytest.mark.skipif(NODE is None, reason="node not on PATH")
+def test_the_node_gateway_opens_what_python_sealed_and_the_other_way_round() -> None:
+    sealed = ReplySealer(KEY).seal(TARGET)
+    script = f"""
+        import {{ ReplySealer }} from './clients/node/src/reply-targets.js';
+        const sealer = new ReplySealer('{KEY.hex()}');
+        const opened = sealer.open(Buffer.from('{sealed.hex()}', 'hex'));
+        const back = sealer.seal({{ platform: 'slack', chatId: 'D0123', threadId: '171.001' }});
+        console.log(JSON.stringify({{ opened, back: back.toString('hex') }}));
+    """
+    assert NODE is not None
+    result = subprocess.run(
+        [NODE, "--input-type=module", "-e", script],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["opened"] == {
+        "platform": "telegram",
+        "chatId": "-1001987654321",
+        "threadId": "17585",
+    }
+    back = ReplySealer(KEY).open(bytes.fromhex(answer["back"]))
+    assert back == ReplyTarget("slack", "D0123", "171.001")
