@@ -175,15 +175,16 @@ class MultiAgent:
     def _redacts_between(
         self, sender: str, receiver: Agent, message: Message, source: Source | None = None
     ) -> bool:
-        """Whether a message between agents is stored with its sender hashed, and the
-        chat source it is routed by with its ids hashed: when either agent redacts PII
+        """Whether a message between agents is stored with its sender and ref hashed, and
+        the chat source it is routed by with its ids hashed: when either agent redacts PII
         (the receiver stores it; the sender's users were promised their ids are not
         kept). The sender's agent is read only when the receiver does not redact and
         there is a raw id to hash."""
         if receiver.settings is not None and receiver.settings.redact_pii:
             return True
         chat_source = source is not None and source.transport not in routing.NON_CHAT_TRANSPORTS
-        if not (chat_source or pii.sender_is_raw(message.sender)):
+        raw = pii.sender_is_raw(message.sender) or pii.ref_is_raw(message.message_ref)
+        if not (chat_source or raw):
             return False
         return self.core.redacts_pii(sender)
 

@@ -217,3 +217,51 @@ def test_a_chat_source_sent_to_a_peer_is_hashed_when_either_agent_redacts(
         assert not any(raw in got.routing_key for raw in (CHAT, USER, THREAD))
     else:
         assert (stored, sent) == ((CHAT, USER, THREAD), USER)
+
+
+# -- message refs -------------------------------------------------------------------------
+
+
+def test_a_redacting_agent_stores_message_refs_hashed(service: InProcessSession) -> None:
+    """Telegram's and Slack's adapters make refs of `<chat id>:<message id>`."""
+    create_agent(service.stub, "private", settings=REDACTS, peers=["open"])
+    create_agent(service.stub, "open")
+    ref = f"{CHAT}:4711"
+    hashed = "ref_" + hmac.new(KEY, ref.encode(), hashlib.sha256).hexdigest()[:24]
+    for agent, expected in (("private", hashed), ("open", ref)):
+        session_id = resolve(service.stub, agent, transport="web", conversation_id="t")
+        message = pb.Message(role=pb.ROLE_USER, content="hi", sender=USER, message_ref=ref)
+        posted = service.stub.PostToInbox(
+            pb.PostToInboxRequest(
+                agent=agent, session_id=session_id.session.session_id, message=message
+            )
+        ).event.inbox_posted.message
+        appended = service.stub.AppendEvents(
+            pb.AppendEventsRequest(
+                agent=agent, session_id=session_id.session.session_id,
+                events=[pb.SessionEventInput(message_appended=pb.MessageAppended(message=message))],
+            )
+        ).events[0].message_appended.message  # fmt: skip
+        assert posted.message_ref == appended.message_ref == expected
+        history = service.stub.GetHistory(
+            pb.GetHistoryRequest(agent=agent, session_id=session_id.session.session_id)
+        ).messages
+        assert [q.message.message_ref for q in history] == [expected]
+    again = pb.Message(role=pb.ROLE_USER, content="again", message_ref=hashed)
+    session_id = resolve(service.stub, "private", transport="web", conversation_id="t")
+    kept = service.stub.PostToInbox(
+        pb.PostToInboxRequest(
+            agent="private", session_id=session_id.session.session_id, message=again
+        )
+    ).event.inbox_posted.message
+    assert kept.message_ref == hashed, "a redacted ref is kept as it is"
+    # From a redacting agent into one that does not: hashed, as the sender is.
+    sent = service.stub.SendToPeer(
+        pb.SendToPeerRequest(
+            agent="private", session_id=session_id.session.session_id, to_agent="open",
+            to_session_id=resolve(service.stub, "open", transport="web",
+                                  conversation_id="t").session.session_id,
+            message=pb.Message(role=pb.ROLE_USER, content="fwd", message_ref=ref),
+        )
+    ).event.inbox_posted.message  # fmt: skip
+    assert sent.message_ref == hashed
