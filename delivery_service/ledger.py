@@ -258,7 +258,7 @@ class Ledger:
 
     def _stored(self, new: NewObligation) -> NewObligation:
         """The reply as this server may store it: with a PII key, its target only
-        sealed and its session key hashed (which the id is then computed over)."""
+        sealed, its session key and message ref hashed (the id is computed over them)."""
         if not self.redactor.keyed:
             return new
         if not new.sealed_target:
@@ -269,7 +269,11 @@ class Ledger:
                 "(the reference gateways do when given a reply key)",
                 reason="SEALED_TARGET_REQUIRED",
             )
-        return replace(new, session_key=self.redactor.session_key(new.session_key))
+        return replace(
+            new,
+            session_key=self.redactor.session_key(new.session_key),
+            message_ref=self.redactor.message_ref(new.message_ref),
+        )
 
     async def record(
         self,
@@ -326,7 +330,10 @@ class Ledger:
             holder,
             State.DELIVERED,
             # Delivered: an earlier failure's or an operator's reason is history now.
-            {"platform_message_id": platform_message_id, "last_error": ""},
+            {
+                "platform_message_id": self.redactor.platform_message_id(platform_message_id),
+                "last_error": "",
+            },
             caller,
             stamp_delivered=True,
         )

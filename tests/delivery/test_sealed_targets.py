@@ -36,11 +36,14 @@ def sealed(size: int = 93) -> bytes:
     return bytes([1]) + os.urandom(size - 1)
 
 
-def stored_key(session_key: str) -> str:
-    """What a keyed ledger stores, computed as documented (delivery_service.redaction)."""
+def _digest(value: str) -> str:
+    """The keyed digest a keyed ledger stores, computed as documented."""
     derived = hmac.new(KEY, b"switchboard ledger session key", hashlib.sha256).digest()
-    digest = hmac.new(derived, session_key.encode(), hashlib.sha256).hexdigest()[:32]
-    return f"agent:main:sk_{digest}"
+    return hmac.new(derived, value.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def stored_key(session_key: str) -> str:
+    return f"agent:main:sk_{_digest(session_key)}"
 
 
 def _sealed_record(gateway: Gateway, target: bytes, **fields: Any) -> pb.RecordObligationResponse:
@@ -125,19 +128,25 @@ def test_a_keyed_ledger_refuses_a_reply_target_in_clear(keyed: InProcessDelivery
     assert _rows(keyed.stub) == []
 
 
-def test_a_keyed_ledger_stores_the_session_key_hashed_and_finds_the_row_by_either(
+def test_a_keyed_ledger_stores_keys_and_message_ids_hashed_and_finds_rows_by_either(
     keyed: InProcessDelivery,
 ) -> None:
     gateway = Gateway(keyed.stub, platforms=("telegram",))
-    first = _sealed_record(gateway, sealed(), message_ref="m1", content="the answer")
+    ref = "6012345678:4711"  # Telegram's adapter: <chat id>:<message id>
+    first = _sealed_record(gateway, sealed(), message_ref=ref, content="the answer")
     row = first.obligation
     assert row.session_key == stored_key(RAW_KEY) and row.agent == "main"
-    expected_id = hashlib.sha256(f"{stored_key(RAW_KEY)}|m1|the answer".encode()).hexdigest()
-    assert row.id == expected_id[:24], "the id is computed over the key as stored"
-    again = _sealed_record(gateway, sealed(), message_ref="m1", content="the answer")
+    assert row.message_ref == f"ref_{_digest(ref)}"
+    expected = f"{stored_key(RAW_KEY)}|ref_{_digest(ref)}|the answer"
+    assert row.id == hashlib.sha256(expected.encode()).hexdigest()[:24], "over what is stored"
+    again = _sealed_record(gateway, sealed(), message_ref=ref, content="the answer")
     assert (again.created, again.obligation.id) == (False, row.id), "recorded twice: one row"
-    other = _sealed_record(gateway, sealed(), message_ref="m2", content="the answer")
+    other = _sealed_record(gateway, sealed(), message_ref=ref + "1", content="the answer")
     assert other.created and other.obligation.id != row.id
+    attempting = gateway.attempting(row)
+    delivered = gateway.delivered(attempting, platform_message_id="6012345678:4712")
+    assert delivered.platform_message_id == f"pm_{_digest('6012345678:4712')}"
+    assert get(keyed.stub, row.id) == delivered
 
     by_raw = [listed.id for listed in _rows(keyed.stub, session_key=RAW_KEY)]
     by_stored = [listed.id for listed in _rows(keyed.stub, session_key=row.session_key)]
