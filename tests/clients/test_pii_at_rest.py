@@ -110,6 +110,19 @@ def _echo(turn: Turn) -> str:
     return f"noted: {turn.state.state.inbox[-1].message.content}"
 
 
+class TelegramLike(LoopbackPlatform):
+    """Platform message ids as Telegram's adapter gives them: `<chat id>:<message id>`."""
+
+    def send(self, chat_id: str, thread_id: str, text: str, idempotency_key: str) -> str:
+        super().send(chat_id, thread_id, text, idempotency_key)
+        return f"{chat_id}:{len(self.sent)}"
+
+
+def _ref(chat_id: str, message_id: int) -> str:
+    """An inbound message ref as Telegram's adapter makes it."""
+    return f"{chat_id}:{message_id}"
+
+
 class CutOff(Exception):
     """The gateway died while the model was thinking."""
 
@@ -141,7 +154,7 @@ def _gateway_traffic(deployment: Deployment) -> dict[str, str]:
     """Three conversations through the reference gateway (one turn of the topic cut off
     and resumed by the next gateway; one reply of the group recovered by a claim);
     returns their session ids."""
-    platform = LoopbackPlatform(name="telegram")
+    platform = TelegramLike(name="telegram")
     gateway = _gateway(deployment, platform, _echo)
     dm = pb.Source(
         transport="telegram", chat_type=pb.CHAT_TYPE_DM, chat_id=DM_CHAT, user_id=DM_USER
@@ -156,16 +169,17 @@ def _gateway_traffic(deployment: Deployment) -> dict[str, str]:
     )  # fmt: skip
     gateway.start()
     try:
-        gateway.handle(Inbound(dm, f"what is {CONTROL}?", message_ref="901"))
-        gateway.handle(Inbound(dm, "and tomorrow?", message_ref="902"))
-        gateway.handle(Inbound(group, "hello group", message_ref="77"))
-        _recovered_send(gateway, platform, Inbound(group, "again, group", message_ref="78"))
+        gateway.handle(Inbound(dm, f"what is {CONTROL}?", message_ref=_ref(DM_CHAT, 901)))
+        gateway.handle(Inbound(dm, "and tomorrow?", message_ref=_ref(DM_CHAT, 902)))
+        gateway.handle(Inbound(group, "hello group", message_ref=_ref(GROUP_CHAT, 77)))
+        again = Inbound(group, "again, group", message_ref=_ref(GROUP_CHAT, 78))
+        _recovered_send(gateway, platform, again)
     finally:
         gateway.stop()
     cut_off = _gateway(deployment, LoopbackPlatform(name="telegram"), _cut_off)
     cut_off.start()
     with pytest.raises(CutOff):
-        cut_off.handle(Inbound(topic, "in the topic", message_ref="79"))
+        cut_off.handle(Inbound(topic, "in the topic", message_ref=_ref(GROUP_CHAT, 79)))
     cut_off.stop()
     resuming = _gateway(deployment, platform, _echo)
     resuming.start()  # resumes the topic's turn from its sealed target
@@ -183,7 +197,7 @@ def _gateway_traffic(deployment: Deployment) -> dict[str, str]:
 
 
 def _message(text: str, sender: str, role: Any = pb.ROLE_USER) -> pb.Message:
-    return pb.Message(role=role, content=text, sender=sender)
+    return pb.Message(role=role, content=text, sender=sender, message_ref=_ref(PEER_CHAT, 5))
 
 
 def _direct_traffic(deployment: Deployment, ids: dict[str, str]) -> None:
