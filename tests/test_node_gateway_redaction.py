@@ -161,6 +161,24 @@ def test_a_node_gateway_with_another_key_leaves_the_turn_unanswered(
     assert "is not resumed: the sealed reply target does not open" in other.log()
 
 
+def test_an_old_mark_on_a_hashed_session_is_not_answered_at_the_hashed_id(
+    services: Services, node_gateways: Callable[..., NodeGateway], tmp_path: Path
+) -> None:
+    """A mark without a sealed target (a gateway of an older release set it)."""
+    session = services.sessions.resolve(
+        "main", transport="loopback", chat_type=pb.CHAT_TYPE_DM, chat_id="chat-1", user_id="u1"
+    ).session
+    services.sessions.mark_resumable("main", session.session_id)
+    message = pb.Message(role=pb.ROLE_USER, content="hello", sender="u1")
+    services.sessions.post_to_inbox("main", session.session_id, message)
+    gateway = node_gateways("old.jsonl", replyKey=REPLY_KEY)
+    gateway.call("start")
+    gateway.stop()
+    assert sends(tmp_path / "old.jsonl") == [] and list(services.ledger.list()) == []
+    assert _resumable(services) == []
+    assert "its session holds hashed ids" in gateway.log()
+
+
 def test_a_node_gateway_without_a_reply_key_does_not_start_for_a_redacting_agent(
     services: Services, node_gateways: Callable[..., NodeGateway]
 ) -> None:

@@ -781,8 +781,8 @@ function inboundTarget(inbound) {
  * @param {Record<string, any>} source
  */
 function holdsHashedIds(source) {
-  const transport = String(source.transport ?? '').replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
-  const hashedChat = new RegExp(`^${transport}:[0-9a-f]{12}$`).test(source.chatId ?? '');
+  const chatId = source.chatId ?? '';
+  const hashedChat = chatId === `${source.transport}:${chatId.slice(-12)}` && /^[0-9a-f]{12}$/.test(chatId.slice(-12));
   return hashedChat || /^user_[0-9a-f]{12}$/.test(source.userId ?? '');
 }
 
