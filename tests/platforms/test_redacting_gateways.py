@@ -149,6 +149,13 @@ def test_a_reply_cut_off_before_its_mark_is_redelivered_at_the_raw_chat_and_topi
 def test_a_gateway_without_a_reply_key_does_not_start_for_a_redacting_agent(
     services: Services, telegram: TelegramStandIn
 ) -> None:
-    with pytest.raises(AssertionError, match="redacts PII: give the gateway a reply key"):
-        GatewayProcess("telegram", services, telegram.base_url, env={"SWITCHBOARD_REPLY_KEY": ""})
+    try:
+        started = GatewayProcess(
+            "telegram", services, telegram.base_url, env={"SWITCHBOARD_REPLY_KEY": ""}
+        )
+    except AssertionError as refused:
+        assert "redacts PII: give the gateway a reply key" in str(refused)
+    else:
+        started.kill_quietly()
+        pytest.fail("a gateway without a reply key started for a redacting agent")
     assert list(services.ledger.list_instances()) == []
