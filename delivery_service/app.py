@@ -11,6 +11,7 @@ from prometheus_client.metrics_core import Metric
 
 from delivery_service.ledger import Ledger
 from delivery_service.migrations import DELIVERY_SCHEMA
+from delivery_service.redaction import LedgerRedactor
 from delivery_service.servicer import DeliveryServicer
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
@@ -65,17 +66,26 @@ class DeliveryUnit:
         limits: LedgerLimits | None = None,
         *,
         migrate: bool = True,
+        pii_key: bytes | None = None,
     ) -> None:
         """`migrate`: apply pending schema migrations (off: refuse to start when behind).
-        Raises `switchboard.migrations.SchemaError` when the schema cannot be used."""
+        `pii_key`: the secret that hashes session keys, with reply targets accepted
+        only sealed (None: stored as given). Raises `switchboard.migrations.SchemaError`
+        when the schema cannot be used, `PiiKeyRefused` for a key too short."""
+        redactor = LedgerRedactor(pii_key)
         backend = open_backend(database)
         migrations.prepare(backend, DELIVERY_SCHEMA, migrate_behind=migrate)
         wanted = limits or LedgerLimits()
         self.limits = agreed_limits(backend, wanted, database.on_settings_mismatch)
         self.store = LedgerStore(backend, self.limits)
         self.runner = TransactionRunner(backend, database, written_tables=WRITTEN_TABLES)
-        self.requests = RequestStore(backend, LEDGER_REQUESTS, self.limits.request_id_window_s)
-        self.ledger = Ledger(self.runner, self.store, self.limits)
+        self.requests = RequestStore(
+            backend,
+            LEDGER_REQUESTS,
+            self.limits.request_id_window_s,
+            fingerprint_key=redactor.fingerprint_key(),
+        )
+        self.ledger = Ledger(self.runner, self.store, self.limits, redactor)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         delivery_service_pb2_grpc.add_DeliveryServiceServicer_to_server(

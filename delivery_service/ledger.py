@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from delivery_service.records import (
@@ -25,6 +26,7 @@ from delivery_service.records import (
     ObligationFilter,
     Page,
 )
+from delivery_service.redaction import LedgerRedactor
 from delivery_service.state_machine import HOLDER_SOURCES, OWED, LedgerLimits, State
 from delivery_service.store import LedgerStore
 from switchboard import pagination, validation
@@ -118,10 +120,18 @@ def _changed_concurrently(obligation_id: str) -> Obligation:
 
 
 class Ledger:
-    def __init__(self, runner: TransactionRunner, store: LedgerStore, limits: LedgerLimits) -> None:
+    def __init__(
+        self,
+        runner: TransactionRunner,
+        store: LedgerStore,
+        limits: LedgerLimits,
+        redactor: LedgerRedactor | None = None,
+    ) -> None:
         self.runner = runner
         self.store = store
         self.limits = limits
+        #: With a PII key: session keys stored hashed, reply targets only sealed.
+        self.redactor = redactor or LedgerRedactor()
 
     # -- gateway instances ----------------------------------------------------------------
 
@@ -259,10 +269,28 @@ class Ledger:
                 reason="CONTENT_TOO_LARGE",
             )
         validation.platform("platform", new.platform)
-        validation.text("chat_id", new.chat_id, max_len=256, required=True)
-        validation.text("thread_id", new.thread_id, max_len=256)
+        _reply_target(new)
         validation.string_map("metadata", new.metadata)
         return new
+
+    def _stored(self, new: NewObligation) -> NewObligation:
+        """The reply as this server may store it: with a PII key, its target only
+        sealed, its session key and message ref hashed (the id is computed over them)."""
+        if not self.redactor.keyed:
+            return new
+        if not new.sealed_target:
+            raise InvalidArgument(
+                "chat_id",
+                "this DeliveryService keeps no raw personal ids (it has a PII key): record "
+                "the reply target sealed in sealed_target, with chat_id and thread_id empty "
+                "(the reference gateways do when given a reply key)",
+                reason="SEALED_TARGET_REQUIRED",
+            )
+        return replace(
+            new,
+            session_key=self.redactor.session_key(new.session_key),
+            message_ref=self.redactor.message_ref(new.message_ref),
+        )
 
     async def record(
         self,
@@ -285,6 +313,7 @@ class Ledger:
                 "session_key: this token records replies only under keys "
                 "'agent:<name>:...' of its own agents",
             )
+        new = self._stored(new)
         state = State.ATTEMPTING if begin_attempt else State.PENDING
         principal = _principal_guard(caller)
 
@@ -318,7 +347,10 @@ class Ledger:
             holder,
             State.DELIVERED,
             # Delivered: an earlier failure's or an operator's reason is history now.
-            {"platform_message_id": platform_message_id, "last_error": ""},
+            {
+                "platform_message_id": self.redactor.platform_message_id(platform_message_id),
+                "last_error": "",
+            },
             caller,
             stamp_delivered=True,
         )
@@ -481,6 +513,10 @@ class Ledger:
             filters.append(where.gateway_name)
         position = pagination.position_of(page_token, filters, float, str)
         after = None if position is None else (position[0], position[1])
+        if where.session_key:
+            where = replace(
+                where, session_key_as_stored=self.redactor.session_key(where.session_key)
+            )
 
         def op() -> Page:
             rows = self.store.list_page(where, after, size + 1, caller.agents)
@@ -598,6 +634,22 @@ class Ledger:
         ids = sorted(set(obligation_ids)) or None
         return await self.runner.write(
             lambda now: self.store.hand_over(now, from_gateway, to_gateway, ids)
+        )
+
+
+def _reply_target(new: NewObligation) -> None:
+    """Where the reply goes: a chat id in clear, or the gateway's sealed target, never
+    both (a raw id beside a sealed one would be stored in clear)."""
+    validation.sealed_target("sealed_target", new.sealed_target)
+    if not new.sealed_target and not new.chat_id:
+        raise InvalidArgument("chat_id", "is required (or the sealed target, sealed_target)")
+    validation.text("chat_id", new.chat_id, max_len=256)
+    validation.text("thread_id", new.thread_id, max_len=256)
+    if new.sealed_target and (new.chat_id or new.thread_id):
+        raise InvalidArgument(
+            "chat_id" if new.chat_id else "thread_id",
+            "must be empty when sealed_target is given: the sealed target carries the chat "
+            "and the thread, and an id beside it would be stored in clear",
         )
 
 

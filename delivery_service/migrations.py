@@ -137,7 +137,16 @@ def row_scope(schema: Schema) -> None:
     )
 
 
-MIGRATIONS = (baseline, shared_settings, request_records, row_scope)
+def sealed_targets(schema: Schema) -> None:
+    """Obligations may carry their reply target sealed by the gateway instead of a chat id."""
+    schema.run(
+        schema.migrator.add_column(
+            "ledger_obligation", "sealed_target", peewee.BlobField(null=True)
+        ),
+    )
+
+
+MIGRATIONS = (baseline, shared_settings, request_records, row_scope, sealed_targets)
 
 DELIVERY_SCHEMA = Component(
     name="delivery",

@@ -79,6 +79,8 @@ class NewObligation:
     chat_id: str
     thread_id: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    #: The reply target sealed by the gateway, in place of chat_id and thread_id.
+    sealed_target: bytes = b""
 
     @property
     def id(self) -> str:
@@ -115,9 +117,12 @@ class Obligation:
     #: The gateway (bot account) whose instances may claim the row; "" for any
     #: (rows recorded before rows remembered their gateway).
     gateway_name: str = ""
+    #: The reply target sealed by the recording gateway (b"": chat_id says it).
+    sealed_target: bytes = b""
 
     def answer_bytes(self) -> int:
-        """About what the row takes in an answer: its longest texts and a fixed rest."""
+        """About what the row takes in an answer: its longest texts and a fixed rest
+        (which covers a sealed target, at most 1 KiB)."""
         texts = (self.content, self.last_error, *self.metadata.keys(), *self.metadata.values())
         return ROW_OVERHEAD_BYTES + sum(len(text.encode()) for text in texts)
 
@@ -163,6 +168,8 @@ class ObligationFilter:
     session_key: str = ""
     owner_instance_id: str = ""
     gateway_name: str = ""
+    #: `session_key` as a server with a PII key stores it; rows match under either.
+    session_key_as_stored: str = ""
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ def obligation_pb(row: Obligation) -> pb.Obligation:
         deliver_time=timestamp(row.delivered_at),
         agent=row.agent,
         gateway_name=row.gateway_name,
+        sealed_target=row.sealed_target,
     )
 
 
@@ -193,6 +194,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             chat_id=request.chat_id,
             thread_id=request.thread_id,
             metadata=dict(request.metadata),
+            sealed_target=request.sealed_target,
         )
         return await self.ledger.record(request.instance_id, new, request.begin_attempt, caller())
 

@@ -69,6 +69,7 @@ class ObligationRow(peewee.Model):
     delivered_at = peewee.DoubleField(null=True)
     agent = peewee.CharField(max_length=64, default="")  # of session_key; "" for none
     gateway_name = peewee.CharField(max_length=128, default="")  # who may claim; "" any
+    sealed_target = peewee.BlobField(null=True)  # the gateway's sealed chat; NULL: none
 
     class Meta:
         table_name = "ledger_obligation"
@@ -263,6 +264,7 @@ class LedgerStore:
             "next_attempt_at": None,
             "delivered_at": None,
             "agent": new.agent,
+            "sealed_target": new.sealed_target or None,
         }
         params = [values[column] for column in COLUMNS if column != "gateway_name"]
         params += [owner, now]
@@ -519,7 +521,8 @@ class LedgerStore:
         if where.platform:
             query = query.where(obl.platform == where.platform)
         if where.session_key:
-            query = query.where(obl.session_key == where.session_key)
+            keys = {where.session_key, where.session_key_as_stored} - {""}
+            query = query.where(obl.session_key.in_(sorted(keys)))
         if where.owner_instance_id:
             query = query.where(obl.owner_instance_id == where.owner_instance_id)
         if where.gateway_name:
@@ -630,4 +633,5 @@ def _obligation_from(row: dict[str, Any]) -> Obligation:
         delivered_at=row["delivered_at"],
         agent=row["agent"],
         gateway_name=row["gateway_name"],
+        sealed_target=bytes(row["sealed_target"] or b""),  # Postgres answers a memoryview
     )

@@ -28,11 +28,23 @@ class Continuity:
         self.agents = agents
         self.conversations = conversations
 
-    async def mark(self, agent: str, session_id: str, pending: bool, holder: str = "") -> Session:
+    async def mark(
+        self,
+        agent: str,
+        session_id: str,
+        pending: bool,
+        holder: str = "",
+        reply_target: bytes = b"",
+    ) -> Session:
         # Checked even when clearing, so a request is refused or accepted as a whole;
-        # a cleared mark has no holder.
+        # a cleared mark has no holder and no reply target.
         validation.path_safe_id("holder", holder, max_len=MAX_HOLDER_LEN, required=False)
-        marked = ResumeMarked(pending=pending, holder=holder if pending else "")
+        validation.sealed_target("reply_target", reply_target)
+        marked = ResumeMarked(
+            pending=pending,
+            holder=holder if pending else "",
+            reply_target=reply_target if pending else b"",
+        )
         event = Event(body=marked)
         return await self._change(agent, session_id, event, versioned=False)
 

@@ -47,13 +47,17 @@ class SessionLimits:
 
 
 def _raw_senders(events: Sequence[Event]) -> list[Event]:
-    """The events carrying a message whose sender is a person's raw id."""
+    """The events carrying a message whose sender is a person's raw id, or whose
+    message ref is raw (a platform's message id names its chat)."""
     return [
         event
         for event in events
         if isinstance(event.body, CARRYING_MESSAGES)
         and event.body.message is not None
-        and pii.sender_is_raw(event.body.message.sender)
+        and (
+            pii.sender_is_raw(event.body.message.sender)
+            or pii.ref_is_raw(event.body.message.message_ref)
+        )
     ]
 
 
@@ -137,9 +141,9 @@ class Core:
     def redact_senders(
         self, agent: str, events: Sequence[Event], redact: bool | None = None
     ) -> None:
-        """Hashes the senders of the events' messages when `redact` (None: when the
-        agent's settings say so). The agent is read only if some sender is a person's
-        raw id: appends without senders, with agents as senders, or with senders
+        """Hashes the senders and message refs of the events' messages when `redact`
+        (None: when the agent's settings say so). The agent is read only if some sender
+        or ref is raw: appends without them, with agents as senders, or with senders
         stored redacted before (a turn's inbox moved into its history) cost nothing."""
         raw = _raw_senders(events)
         if not raw:
@@ -153,8 +157,12 @@ class Core:
             # retried transaction must find as it was.
             body = event.body
             assert isinstance(body, CARRYING_MESSAGES) and body.message is not None
-            sender = self.redactor.sender(body.message.sender)
-            event.body = replace(body, message=replace(body.message, sender=sender))
+            message = replace(
+                body.message,
+                sender=self.redactor.sender(body.message.sender),
+                message_ref=self.redactor.message_ref(body.message.message_ref),
+            )
+            event.body = replace(body, message=message)
 
     def _watchable(self, agent: str, session_id: str) -> None:
         if agent:

@@ -172,14 +172,19 @@ class MultiAgent:
 
     # -- other agents -----------------------------------------------------------------------
 
-    def _redacts_between(self, sender: str, receiver: Agent, message: Message) -> bool:
-        """Whether a message between agents is stored with its sender hashed: when
-        either agent redacts PII (the receiver stores it; the sender's users were
-        promised their ids are not kept). The sender's agent is read only when the
-        receiver does not redact and the sender id is raw."""
+    def _redacts_between(
+        self, sender: str, receiver: Agent, message: Message, source: Source | None = None
+    ) -> bool:
+        """Whether a message between agents is stored with its sender and ref hashed, and
+        the chat source it is routed by with its ids hashed: when either agent redacts PII
+        (the receiver stores it; the sender's users were promised their ids are not
+        kept). The sender's agent is read only when the receiver does not redact and
+        there is a raw id to hash."""
         if receiver.settings is not None and receiver.settings.redact_pii:
             return True
-        if not pii.sender_is_raw(message.sender):
+        chat_source = source is not None and source.transport not in routing.NON_CHAT_TRANSPORTS
+        raw = pii.sender_is_raw(message.sender) or pii.ref_is_raw(message.message_ref)
+        if not (chat_source or raw):
             return False
         return self.core.redacts_pii(sender)
 
@@ -240,9 +245,12 @@ class MultiAgent:
             receiver = self.agents.live_agent(to_agent)
             settings = receiver.settings
             target = to_session_id
+            redact = self._redacts_between(agent, receiver, message, source)
             if source is not None:
-                # The receiver's setting alone: its own gateway routes this chat so too.
-                stored = routing.stored_source(source, self.core.redactor_for(settings))
+                # Hashed when either agent redacts: an id a redacting agent saw never
+                # leaves it raw (a receiver that does not redact keeps such a chat apart
+                # from the one its own gateway routes with raw ids).
+                stored = routing.stored_source(source, self.core.redactor if redact else None)
                 key = routing.routing_key(to_agent, stored, settings.routing if settings else None)
                 target = (
                     self.store.route(to_agent, key)
@@ -250,7 +258,6 @@ class MultiAgent:
                         now, to_agent, new_session_id(), key, stored
                     ).session_id
                 )
-            redact = self._redacts_between(agent, receiver, message)
             return self.conversations.post(now, to_agent, target, message, redact)
 
         result: Event = await self._gated(agent, session_id, "peer.send", f"agent:{to_agent}", then)

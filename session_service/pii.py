@@ -1,7 +1,12 @@
 """Personal ids hashed before they are stored, for agents with `settings.redact_pii`.
 
-A platform user id is stored as `user_<12 hex>` and a chat id as
-`<platform>:<12 hex>`: the first 48 bits of HMAC-SHA256(server key, id). The key
+A platform user id is stored as `user_<12 hex>`, a chat id as `<platform>:<12 hex>`
+and a thread id as `thread_<12 hex>`: the first 48 bits of HMAC-SHA256(server key,
+id). Threads count as personal: a thread of a DM, or a forum topic a person opened,
+is as telling as the chat, and gateways seal the raw ones in the reply target. A
+message's `message_ref` is stored as `ref_<24 hex>` (96 bits: distinct messages of a
+conversation never share one): platforms' message ids name their chat (Telegram's
+and Slack's adapters give `<chat id>:<message id>`). The key
 is what makes the digest one-way in practice: platform ids are short (a Telegram
 user id has about ten digits), so an unkeyed digest is reversed by trying every
 id in seconds. Without a key the digest is sha256(id), as before keys existed,
@@ -30,6 +35,9 @@ from switchboard import secret_checks
 MIN_KEY_BYTES = 16
 _DIGEST_CHARS = 12
 _REDACTED_USER = re.compile(rf"user_[0-9a-f]{{{_DIGEST_CHARS}}}")
+_REDACTED_THREAD = re.compile(rf"thread_[0-9a-f]{{{_DIGEST_CHARS}}}")
+_REF_DIGEST_CHARS = 24
+_REDACTED_REF = re.compile(rf"ref_[0-9a-f]{{{_REF_DIGEST_CHARS}}}")
 _DIGEST = re.compile(rf"[0-9a-f]{{{_DIGEST_CHARS}}}")
 #: A sender naming an agent (`agent:<agent name>`, names as `sessions.agent_name`).
 _AGENT_SENDER = re.compile(r"agent:[a-z0-9][a-z0-9_-]{0,62}")
@@ -64,11 +72,11 @@ class Redactor:
     def keyed(self) -> bool:
         return self.key is not None
 
-    def digest(self, value: str) -> str:
+    def digest(self, value: str, chars: int = _DIGEST_CHARS) -> str:
         data = value.encode("utf-8")
         if self.key is None:
-            return hashlib.sha256(data).hexdigest()[:_DIGEST_CHARS]
-        return hmac.new(self.key, data, hashlib.sha256).hexdigest()[:_DIGEST_CHARS]
+            return hashlib.sha256(data).hexdigest()[:chars]
+        return hmac.new(self.key, data, hashlib.sha256).hexdigest()[:chars]
 
     def user(self, user_id: str) -> str:
         """`user_<12 hex>`; empty and already redacted ids are kept."""
@@ -86,6 +94,18 @@ class Redactor:
             return chat_id
         return f"{platform}:{self.digest(chat_id)}"
 
+    def thread(self, thread_id: str) -> str:
+        """`thread_<12 hex>`; empty and already redacted ids are kept."""
+        if not thread_id or _REDACTED_THREAD.fullmatch(thread_id):
+            return thread_id
+        return f"thread_{self.digest(thread_id)}"
+
+    def message_ref(self, ref: str) -> str:
+        """`ref_<24 hex>`; empty and already redacted refs are kept."""
+        if not ref_is_raw(ref):
+            return ref
+        return f"ref_{self.digest(ref, _REF_DIGEST_CHARS)}"
+
     def fingerprint_key(self) -> bytes | None:
         """A key of its own for request fingerprints (derived, so that a fingerprint
         never equals an id's digest): they cover requests that carry raw ids."""
@@ -102,6 +122,11 @@ def sender_is_raw(sender: str) -> bool:
     """Whether a message sender would change when redacted (so is worth reading the
     agent's settings for): not empty, not redacted already, not an agent."""
     return bool(sender) and not is_redacted_user(sender) and not _AGENT_SENDER.fullmatch(sender)
+
+
+def ref_is_raw(ref: str) -> bool:
+    """Whether a message ref would change when redacted: not empty, not redacted already."""
+    return bool(ref) and _REDACTED_REF.fullmatch(ref) is None
 
 
 def is_redacted_chat(platform: str, value: str) -> bool:

@@ -178,6 +178,7 @@ class Session:
     resume_marked_time: int | None = None
     suspended: bool = False
     resume_holder: str = ""
+    reply_target: bytes = b""  # sealed by a gateway; opaque here
 
 
 @dataclass(slots=True, kw_only=True)
@@ -358,6 +359,7 @@ class ResumeMarked(EventBody):
     kind: ClassVar[str] = "resume_marked"
     pending: bool = False
     holder: str = ""
+    reply_target: bytes = b""
 
 
 @dataclass(slots=True, kw_only=True)

@@ -104,6 +104,7 @@ def apply_to_session(state: SessionState, event: Event) -> None:
             session.resume_marked_time = event.time or 0
         session.resume_pending = body.pending
         session.resume_holder = body.holder if body.pending else ""
+        session.reply_target = body.reply_target if body.pending else b""
     elif isinstance(body, SuspensionChanged):
         session.suspended = body.suspended
     elif isinstance(body, SessionEnded):

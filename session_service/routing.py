@@ -7,9 +7,9 @@ Chat platforms (Hermes' rules):
     the user never appears beside a chat id.
   - Groups and channels get one session per member unless the agent shares
     them; threads are shared unless the agent isolates them per member.
-With PII redaction on, chat ids become `<platform>:<12 hex>` and user ids
-`user_<12 hex>` (`session_service.pii`) before the key is built, so raw ids never
-reach the database.
+With PII redaction on, chat ids become `<platform>:<12 hex>`, thread ids
+`thread_<12 hex>` and user ids `user_<12 hex>` (`session_service.pii`) before the
+key is built, so raw ids never reach the database.
 """
 
 from __future__ import annotations
@@ -51,13 +51,14 @@ def checked_source(source: Source) -> Source:
 
 
 def stored_source(source: Source, redactor: Redactor | None) -> Source:
-    """The source as it may be stored: its chat and user ids hashed by `redactor`
-    (given when the agent redacts PII). Thread, scope and conversation ids name
+    """The source as it may be stored: its chat, thread and user ids hashed by
+    `redactor` (given when the agent redacts PII). Scope and conversation ids name
     places, not people, and stay as they are."""
     stored = replace(source)
     if redactor is not None and source.transport not in NON_CHAT_TRANSPORTS:
         stored.chat_id = redactor.chat(source.transport, source.chat_id)
         stored.user_id = redactor.user(source.user_id)
+        stored.thread_id = redactor.thread(source.thread_id)
     return stored
 
 

@@ -399,7 +399,11 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.MarkResumableRequest, context: Context
     ) -> records.Session:
         return await self.continuity.mark(
-            request.agent, request.session_id, request.pending, request.holder
+            request.agent,
+            request.session_id,
+            request.pending,
+            request.holder,
+            request.reply_target,
         )
 
     @mutation(lambda session: pb.SuspendSessionResponse(session=_session(session)))

@@ -377,7 +377,8 @@ def _relog(ctx: click.Context, log_level: str | None, log_format: str | None) ->
     "hashes user and chat ids of agents with settings.redact_pii (HMAC-SHA256); or set "
     "SWITCHBOARD_PII_KEY to the key itself. Without one the ids are hashed unkeyed, which "
     "brute force reverses. Setting or changing it starts fresh sessions for conversations "
-    "routed before.",
+    "routed before. The DeliveryService with a key stores session keys hashed and takes "
+    "reply targets only sealed (every gateway then needs a reply key).",
 )
 @click.option(
     "--pii-key",
@@ -479,7 +480,7 @@ def serve(
             str(exc), param_hint="--auth-tokens / SWITCHBOARD_AUTH_TOKENS"
         ) from exc
     try:
-        key = pii.read_key(pii_key_file, pii_key) if which in ("all", "session") else None
+        key = pii.read_key(pii_key_file, pii_key)
     except pii.PiiKeyRefused as exc:
         raise click.BadParameter(
             str(exc), param_hint="--pii-key-file / SWITCHBOARD_PII_KEY"
@@ -535,7 +536,7 @@ def serve(
                 max_content_bytes=max_content_bytes,
                 request_id_window_s=request_id_window,
             )
-            unit = DeliveryUnit(settings, ledger_limits, migrate=migrate)
+            unit = DeliveryUnit(settings, ledger_limits, migrate=migrate, pii_key=key)
             apps.append(GrpcApp(unit, server(delivery_listen)))
             urls[id(apps[-1])] = _redacted(settings.url)
     except migrations.SchemaError as refused:

@@ -200,3 +200,34 @@ def int64(field: str, value: int) -> int:
     if value > MAX_INT64:
         raise InvalidArgument(field, f"must be at most {MAX_INT64}")
     return value
+
+
+#: A sealed reply target (the gateways' AES-256-GCM envelope): version byte 1, a 12-byte
+#: nonce, then the ciphertext and its 16-byte tag. The services never open one.
+SEALED_TARGET_VERSION = 1
+MIN_SEALED_TARGET_BYTES = 1 + 12 + 1 + 16
+MAX_SEALED_TARGET_BYTES = 1024
+
+
+def sealed_target(field: str, value: bytes) -> bytes:
+    """A reply target a gateway sealed: bounded, and in the envelope's shape, so that a
+    target sent in clear by mistake is refused rather than stored (empty: none)."""
+    if not value:
+        return value
+    if len(value) > MAX_SEALED_TARGET_BYTES:
+        raise InvalidArgument(
+            field,
+            f"is {len(value)} bytes; a sealed reply target is at most "
+            f"{MAX_SEALED_TARGET_BYTES} (seal only the platform, chat and thread)",
+            reason="SEALED_TARGET_TOO_LARGE",
+        )
+    if value[0] != SEALED_TARGET_VERSION or len(value) < MIN_SEALED_TARGET_BYTES:
+        raise InvalidArgument(
+            field,
+            f"is not a sealed reply target: byte 0 must be the envelope version "
+            f"{SEALED_TARGET_VERSION}, then a 12-byte nonce, the ciphertext and its 16-byte "
+            f"tag (at least {MIN_SEALED_TARGET_BYTES} bytes); seal the target with the "
+            "gateways' reply key, never send it in clear",
+            reason="SEALED_TARGET_MALFORMED",
+        )
+    return value

@@ -119,9 +119,14 @@ def _serve(
 
 
 def delivery_server(
-    loop: EventLoopThread, url: str, limits: LedgerLimits | None = None, **settings: Any
+    loop: EventLoopThread,
+    url: str,
+    limits: LedgerLimits | None = None,
+    *,
+    pii_key: bytes | None = None,
+    **settings: Any,
 ) -> AbstractContextManager[InProcessDelivery]:
-    unit = DeliveryUnit(DatabaseSettings(url=url), limits or LedgerLimits())
+    unit = DeliveryUnit(DatabaseSettings(url=url), limits or LedgerLimits(), pii_key=pii_key)
     return _serve(loop, unit, pb_grpc.DeliveryServiceStub, **settings)
 
 

@@ -100,6 +100,14 @@ def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) 
         _drop_projection_summaries(database)
         _drop_active_markers(database)
         _drop_storage_formats(database)
+        _drop_sealed_targets(database)
+
+
+def _drop_sealed_targets(database: Any) -> None:
+    """Obligations as they were before they could carry a sealed target (delivery 5)."""
+    migrate(
+        SchemaMigrator.from_database(database).drop_column("ledger_obligation", "sealed_target")
+    )
 
 
 def _drop_storage_formats(database: Any) -> None:

@@ -1,11 +1,13 @@
 """A gateway process running a real platform adapter, for the crash tests.
 
-python -m tests.platforms.gateway_process telegram|slack SESSION DELIVERY PLATFORM_BASE_URL
+python -m tests.platforms.gateway_process telegram|slack SESSION DELIVERY PLATFORM_BASE_URL [--hang]
 
 An `AsyncGateway` (claims and heartbeats every 0.3 s) with `TelegramAdapter`
 polling the Bot API at the base URL, or `SlackAdapter` posting to it and taking
 events on a port of its own, printed as "events: <url>". It prints "ready" once
 booted and runs until SIGTERM (a graceful stop) or SIGKILL (the test's crash).
+Its reply key, if any, comes from SWITCHBOARD_REPLY_KEY, as a deployed gateway's.
+With --hang its agent never answers: the test kills it mid-turn.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ async def answer(turn: Turn) -> str:
     return f"answer to {turn.state.state.inbox[-1].message.content}"
 
 
-async def main(platform: str, session_address: str, delivery_address: str, base_url: str) -> None:
+async def thinking_forever(turn: Turn) -> str:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+async def main(
+    platform: str, session_address: str, delivery_address: str, base_url: str, hang: bool = False
+) -> None:
     stopped = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
     adapter: TelegramAdapter | SlackAdapter
@@ -39,8 +48,9 @@ async def main(platform: str, session_address: str, delivery_address: str, base_
         AsyncSessionClient(session_address) as sessions,
         AsyncDeliveryClient(delivery_address) as ledger,
     ):
+        agent = thinking_forever if hang else answer
         gateway = AsyncGateway(
-            BOT, "main", sessions, ledger, [adapter], answer, heartbeat_s=0.3, claim_every_s=0.3
+            BOT, "main", sessions, ledger, [adapter], agent, heartbeat_s=0.3, claim_every_s=0.3
         )
         await gateway.start()
         if isinstance(adapter, TelegramAdapter):
@@ -60,4 +70,5 @@ async def main(platform: str, session_address: str, delivery_address: str, base_
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:5]))
+    platform_name, session, delivery, platform_url = sys.argv[1:5]
+    asyncio.run(main(platform_name, session, delivery, platform_url, "--hang" in sys.argv[5:]))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -15,7 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 class GatewayProcess:
     """`python -m tests.platforms.gateway_process`, booted (it printed "ready")."""
 
-    def __init__(self, platform: str, services: Services, base_url: str) -> None:
+    def __init__(
+        self,
+        platform: str,
+        services: Services,
+        base_url: str,
+        *flags: str,
+        env: dict[str, str] | None = None,
+    ) -> None:
         command = [
             sys.executable,
             "-m",
@@ -24,9 +32,15 @@ class GatewayProcess:
             services.session_address,
             services.delivery_address,
             base_url,
+            *flags,
         ]
         self.process = subprocess.Popen(
-            command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
         )
         self.events_url = ""
         assert self.process.stdout is not None

@@ -31,6 +31,8 @@ def _scalar(field: Any, salt: int) -> Any:
         return f"{field.name}-{salt}"
     if field.type == FieldDescriptor.TYPE_BOOL:
         return True
+    if field.type == FieldDescriptor.TYPE_BYTES:
+        return f"{field.name}-{salt}".encode()
     if field.type == FieldDescriptor.TYPE_ENUM:
         return field.enum_type.values[-1].number  # a named, non-default value
     return 7 + salt

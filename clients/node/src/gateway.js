@@ -17,10 +17,20 @@
 // resume interrupted turns that are still fresh, so a turn whose answer is owed
 // already is redelivered, never re-run. While running, a periodic claim picks up
 // retries and orphans and looks again at turns left to a live holder.
+//
+// Reply targets (./reply-targets.js), as the Python gateway: with a reply key the
+// gateway seals where a turn's reply goes onto the resume mark and into the ledger
+// row (whose chatId and threadId stay empty), and opens it to resume the turn or
+// redeliver the row. Without a key it refuses to start for an agent that redacts
+// PII. A target it cannot open is never answered at a hashed id: a resumed turn is
+// given up (logged, mark cleared, ledger untouched; its messages wait in the inbox
+// for the user's next message), a claimed row is left claimed and unmarked for a
+// gateway holding the key once this one has stopped.
 
 import os from 'node:os';
 
 import { SwitchboardError } from './errors.js';
+import { ReplyKeyRefused, TargetUnreadable, replySealer } from './reply-targets.js';
 
 /** Prefixed to a recovered reply whose first send may have reached the platform. */
 export const RECOVERED_MARKER = '[recovered reply: you may have seen this message already]\n';
@@ -145,6 +155,9 @@ export class PlatformAdapter {
  * @property {number} [leaseTtlS] This instance's lease in seconds (default: the server's, 30 s):
  *   without a heartbeat for this long it counts as dead and its rows are recovered by others.
  * @property {number} [recordTimeoutMs] Deadline of the record before a send (2000): the ledger never holds a send up for long.
+ * @property {string | Uint8Array | null} [replyKey] Seals reply targets (32 random bytes, hex or
+ *   base64); default: SWITCHBOARD_REPLY_KEY, else none. A short or placeholder key throws
+ *   ReplyKeyRefused here; start() refuses an agent that redacts PII without a key.
  * @property {Logger} [logger] Default: warnings and errors to the console.
  */
 
@@ -170,6 +183,8 @@ export class Gateway {
     this.historyWindow = options.historyWindow ?? 50;
     this.leaseTtlS = options.leaseTtlS ?? null;
     this.recordTimeoutMs = options.recordTimeoutMs ?? 2000;
+    /** Seals reply targets; null: no reply key, targets are recorded in clear. */
+    this.sealer = replySealer(options.replyKey);
     this.log = options.logger ?? CONSOLE_LOGGER;
     /** This process start's ledger instance id ("" before start()). */
     this.instanceId = '';
@@ -191,6 +206,7 @@ export class Gateway {
 
   /** Hermes' boot order: connect, register + heartbeats, recover owed replies, resume turns. */
   async start() {
+    await this._requireKeyForRedaction();
     for (const adapter of this.adapters.values()) {
       try {
         await adapter.connect();
@@ -213,6 +229,19 @@ export class Gateway {
     await this.recover();
     await this.resumeInterrupted();
     this._every(this.claimEveryMs, () => this._periodicClaim());
+  }
+
+  async _requireKeyForRedaction() {
+    if (this.sealer) return;
+    const { agent } = await this.sessions.getAgent({ name: this.agent });
+    if (agent.settings?.redactPii) {
+      throw new ReplyKeyRefused(
+        `agent ${JSON.stringify(this.agent)} redacts PII: give the gateway a reply key (the replyKey ` +
+          'option or SWITCHBOARD_REPLY_KEY, 32 random bytes, e.g. `openssl rand -hex 32`, the same ' +
+          'for every gateway), or its resumed replies have nowhere to go and raw chat ids reach the ' +
+          'delivery ledger',
+      );
+    }
   }
 
   /** Graceful stop: this instance's unfinished rows become claimable at once. */
@@ -292,8 +321,10 @@ export class Gateway {
     const { session } = await this.sessions.resolveSession({ agent: this.agent, source: inbound.source });
     // Mark first: a crash after the mark and before the post leaves a mark with
     // nothing to answer (cleared at the next boot), never a stored, unmarked message.
-    // The mark names this instance, so a gateway booting meanwhile leaves the turn to us.
-    await this._mark(session.sessionId, true, this.instanceId);
+    // The mark names this instance, so a gateway booting meanwhile leaves the turn to us,
+    // and carries the sealed target to answer.
+    const target = inboundTarget(inbound);
+    await this._mark(session.sessionId, true, this.instanceId, this._sealed(target));
     await this.sessions.postToInbox({
       agent: this.agent,
       sessionId: session.sessionId,
@@ -304,7 +335,7 @@ export class Gateway {
         messageRef: inbound.messageRef ?? '',
       },
     });
-    return this._runTurn(session, inbound);
+    return this._runTurn(session, inbound, target);
   }
 
   /** Re-runs the turns a crash cut off, if still fresh (stale ones are reset). */
@@ -395,15 +426,56 @@ export class Gateway {
     const { state } = await this.sessions.getSessionState({ agent: this.agent, sessionId: session.sessionId });
     const inbox = state.inbox ?? [];
     if (inbox.some((/** @type {any} */ q) => BigInt(q.sequence) > answeredThrough)) {
+      let target;
+      try {
+        target = this._resumedTarget(session);
+      } catch (error) {
+        if (!(error instanceof TargetUnreadable)) throw error;
+        this.log.error(
+          `the interrupted turn of session ${session.sessionId} is not resumed: ${error.message}; ` +
+            "its mark is cleared and its messages wait in the inbox for the user's next message",
+        );
+        await this._mark(session.sessionId, false);
+        return;
+      }
       this.log.info(`resuming interrupted session ${session.sessionId}`);
       // Take the turn over (the mark keeps its time: freshness still counts from the crash).
-      await this._mark(session.sessionId, true, this.instanceId);
-      await this._runTurn(session, null);
+      const sealed = session.replyTarget?.length ? session.replyTarget : this._sealed(target);
+      await this._mark(session.sessionId, true, this.instanceId, sealed);
+      await this._runTurn(session, null, target);
     } else if (latest && inbox.length) {
       await this._finishTurn(session.sessionId, latest.content, inbox, answeredThrough);
     } else {
       await this._mark(session.sessionId, false);
     }
+  }
+
+  /**
+   * Where an interrupted turn's reply goes: the target sealed on its mark, else (a mark
+   * of an older gateway) the session's source, unless its ids are hashed.
+   * @param {Record<string, any>} session
+   * @returns {import('./reply-targets.js').ReplyTarget}
+   */
+  _resumedTarget(session) {
+    if (session.replyTarget?.length) {
+      if (!this.sealer) throw new TargetUnreadable('its reply target is sealed and this gateway has no key');
+      return this.sealer.open(session.replyTarget);
+    }
+    const source = session.source ?? {};
+    if (holdsHashedIds(source)) {
+      throw new TargetUnreadable(
+        'its session holds hashed ids (the agent redacts PII) and its mark carries no sealed reply target',
+      );
+    }
+    return { platform: source.transport ?? '', chatId: source.chatId || source.conversationId || '', threadId: source.threadId ?? '' };
+  }
+
+  /**
+   * @param {import('./reply-targets.js').ReplyTarget} target
+   * @returns {Buffer}
+   */
+  _sealed(target) {
+    return this.sealer ? this.sealer.seal(target) : Buffer.alloc(0);
   }
 
   /**
@@ -425,9 +497,10 @@ export class Gateway {
   /**
    * @param {Record<string, any>} session
    * @param {Inbound | null} inbound
+   * @param {import('./reply-targets.js').ReplyTarget} target
    * @returns {Promise<string>}
    */
-  async _runTurn(session, inbound) {
+  async _runTurn(session, inbound, target) {
     const sessionId = session.sessionId;
     const state = await this.sessions.getSessionState({ agent: this.agent, sessionId });
     const { messages: history } = await this.sessions.getHistory({
@@ -439,7 +512,6 @@ export class Gateway {
     const reply = await this.callback({ session, state, history, inbound });
     const inbox = state.state.inbox ?? [];
     const through = inbox.length ? BigInt(inbox[inbox.length - 1].sequence) : 0n;
-    const [platform, chatId, threadId] = replyTarget(session, inbound);
     const messageRef = inbound ? (inbound.messageRef ?? '') : `resume:${session.lastSequence}`;
     // Where the reply belongs, so that a gateway recovering it can finish the turn.
     const metadata = { agent: this.agent, session_id: sessionId, inbox_through: String(through) };
@@ -447,9 +519,9 @@ export class Gateway {
       sessionKey: session.routingKey || sessionId,
       messageRef,
       content: reply,
-      platform,
-      chatId,
-      threadId,
+      platform: target.platform,
+      chatId: target.chatId,
+      threadId: target.threadId,
       metadata,
     });
     // The turn ends with the reply, even one still to be retried: a mark left
@@ -482,9 +554,10 @@ export class Gateway {
    * @param {string} sessionId
    * @param {boolean} pending
    * @param {string} [holder]
+   * @param {Uint8Array} [replyTarget] The sealed target; empty for none.
    */
-  _mark(sessionId, pending, holder = '') {
-    return this.sessions.markResumable({ agent: this.agent, sessionId, pending, holder });
+  _mark(sessionId, pending, holder = '', replyTarget = Buffer.alloc(0)) {
+    return this.sessions.markResumable({ agent: this.agent, sessionId, pending, holder, replyTarget });
   }
 
   // -- delivery -----------------------------------------------------------------------
@@ -525,6 +598,9 @@ export class Gateway {
    * @returns {Promise<{ obligation: Record<string, any>, created: boolean } | null>}
    */
   async _recordBestEffort(reply) {
+    // With a key, the row holds the target sealed: no raw chat id reaches the ledger.
+    const threadId = reply.threadId ?? '';
+    const sealed = this._sealed({ platform: reply.platform, chatId: reply.chatId, threadId });
     try {
       return await this.delivery.recordObligation(
         {
@@ -533,8 +609,9 @@ export class Gateway {
           messageRef: reply.messageRef,
           content: reply.content,
           platform: reply.platform,
-          chatId: reply.chatId,
-          threadId: reply.threadId ?? '',
+          chatId: sealed.length ? '' : reply.chatId,
+          threadId: sealed.length ? '' : threadId,
+          sealedTarget: sealed,
           metadata: reply.metadata ?? {},
           beginAttempt: true,
         },
@@ -575,11 +652,37 @@ export class Gateway {
           continue;
         }
       }
+      let target;
+      try {
+        target = this._rowTarget(row);
+      } catch (error) {
+        if (!(error instanceof TargetUnreadable)) throw error;
+        this.log.error(
+          `reply ${row.id} is not redelivered: ${error.message}; it stays claimed by this instance, ` +
+            'unmarked, for a gateway holding the key once this one stops',
+        );
+        continue;
+      }
       const text = row.needsMarker && !idempotent ? RECOVERED_MARKER + row.content : row.content;
-      await this._send(adapter, row, row.chatId, row.threadId, text);
+      await this._send(adapter, row, target.chatId, target.threadId, text);
       await this._finishRecoveredTurn(row); // whatever the outcome, as for a first send
     }
     return obligations.length;
+  }
+
+  /**
+   * Where a claimed row goes: its sealed target opened, else its chat in clear.
+   * @param {Record<string, any>} row
+   * @returns {import('./reply-targets.js').ReplyTarget}
+   */
+  _rowTarget(row) {
+    if (!row.sealedTarget?.length) return { platform: row.platform, chatId: row.chatId, threadId: row.threadId };
+    if (!this.sealer) throw new TargetUnreadable('its target is sealed and this gateway has no reply key');
+    const target = this.sealer.open(row.sealedTarget);
+    if (target.platform !== row.platform) {
+      throw new TargetUnreadable('its sealed target names another platform than the row');
+    }
+    return target;
   }
 
   /**
@@ -661,16 +764,26 @@ export class Gateway {
 }
 
 /**
- * Where a turn's reply goes: the inbound's reply target, else the session's source.
- * @param {Record<string, any>} session
- * @param {Inbound | null} inbound
- * @returns {[string, string, string]} platform, chat id, thread id
+ * Where the reply to an inbound message goes: its reply target, else its source's.
+ * @param {Inbound} inbound
+ * @returns {import('./reply-targets.js').ReplyTarget}
  */
-function replyTarget(session, inbound) {
-  const source = inbound ? inbound.source : (session.source ?? {});
-  const platform = (inbound?.replyPlatform ?? '') || source.transport;
-  const chatId = (inbound?.replyChatId ?? '') || source.chatId || source.conversationId || '';
-  return [platform, chatId, source.threadId ?? ''];
+function inboundTarget(inbound) {
+  const source = inbound.source;
+  const platform = (inbound.replyPlatform ?? '') || source.transport;
+  const chatId = (inbound.replyChatId ?? '') || source.chatId || source.conversationId || '';
+  return { platform, chatId, threadId: source.threadId ?? '' };
+}
+
+/**
+ * Whether a stored source's chat or user id is in the SessionService's hashed form
+ * (its agent redacts PII): such an id names no chat a platform knows.
+ * @param {Record<string, any>} source
+ */
+function holdsHashedIds(source) {
+  const chatId = source.chatId ?? '';
+  const hashedChat = chatId === `${source.transport}:${chatId.slice(-12)}` && /^[0-9a-f]{12}$/.test(chatId.slice(-12));
+  return hashedChat || /^user_[0-9a-f]{12}$/.test(source.userId ?? '');
 }
 
 /**

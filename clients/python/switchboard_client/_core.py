@@ -27,12 +27,26 @@ A resume mark names its holder (the instance running the turn). A booting
 gateway leaves a turn alone while its holder is live and looks at it again
 with each periodic claim: once the holder's lease has run out without the mark
 being cleared, the turn is resumed.
+
+Reply targets (`switchboard_client.reply_targets`). A gateway with a reply key
+seals where a turn's reply goes (platform, chat, thread) onto the resume mark
+and into the ledger row, whose chat_id and thread_id then stay empty: neither
+service sees a raw id, and a gateway resuming the turn or redelivering the row
+opens the target and answers the raw chat. A gateway without a key refuses to
+boot for an agent that redacts PII (its resumed replies would have nowhere to
+go). When a target cannot be opened (another key, altered, or a mark of an
+older gateway on a session whose ids are hashed), nothing is sent to a hashed
+id: a resumed turn is given up (logged, its mark cleared, the ledger untouched;
+its messages stay in the inbox and are answered with the user's next message),
+and a claimed row is left as claimed (logged, not marked), so that a gateway
+holding the key redelivers it once this instance has stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +58,12 @@ from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard_client.adapters import SendFailed, can_tell_delivered, idempotent_sends
 from switchboard_client.errors import SwitchboardError
+from switchboard_client.reply_targets import (
+    ReplyKeyRefused,
+    ReplySealer,
+    ReplyTarget,
+    TargetUnreadable,
+)
 
 log = logging.getLogger("switchboard_client.gateway")
 
@@ -194,11 +214,20 @@ class GatewayView:
 class GatewayRules:
     """What a gateway decides, and its bookkeeping; I/O goes through `Call`s."""
 
-    def __init__(self, name: str, agent: str, adapters: Sequence[Any], history_window: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        agent: str,
+        adapters: Sequence[Any],
+        history_window: int,
+        sealer: ReplySealer | None = None,
+    ) -> None:
         self.name = name
         self.agent = agent
         self.adapters: dict[str, Any] = {adapter.name: adapter for adapter in adapters}
         self.history_window = history_window
+        #: Seals reply targets (None: no reply key, targets are recorded in clear).
+        self.sealer = sealer
         self.instance_id = ""
         self.connected: set[str] = set()
         #: Sessions whose turn a live instance was running when we looked.
@@ -208,7 +237,9 @@ class GatewayRules:
 
     def boot(self) -> Steps[None]:
         """Hermes' boot order: connect, register, heartbeats, recover owed replies,
-        resume turns, then periodic claims."""
+        resume turns, then periodic claims. Refuses (`ReplyKeyRefused`) to serve an
+        agent that redacts PII without a reply key."""
+        yield from self._require_key_for_redaction()
         for name in self.adapters:
             try:
                 yield _platform(name, "connect")
@@ -227,6 +258,18 @@ class GatewayRules:
         yield from self.recover()
         yield _driver("resume_interrupted")
         yield _driver("start_periodic_claims")
+
+    def _require_key_for_redaction(self) -> Steps[None]:
+        if self.sealer is not None:
+            return
+        agent: pb.Agent = yield _sessions("get_agent", self.agent)
+        if agent.settings.redact_pii:
+            raise ReplyKeyRefused(
+                f"agent {self.agent!r} redacts PII: give the gateway a reply key (the "
+                "reply_key option or SWITCHBOARD_REPLY_KEY, 32 random bytes, e.g. `openssl "
+                "rand -hex 32`, the same for every gateway), or its resumed replies have "
+                "nowhere to go and raw chat ids reach the delivery ledger"
+            )
 
     def heartbeat(self) -> Steps[None]:
         """One beat: extends the lease and says which platforms are connected."""
@@ -285,12 +328,18 @@ class GatewayRules:
         # Mark first: a crash after the mark and before the post leaves a mark with
         # nothing to answer (cleared at the next boot), never a stored, unmarked message.
         # The mark names this instance, so that a gateway booting meanwhile leaves the
-        # turn to us while we are alive.
+        # turn to us while we are alive, and carries the sealed target to answer.
+        target = _inbound_target(inbound)
         yield _sessions(
-            "mark_resumable", self.agent, session.session_id, True, holder=self.instance_id
+            "mark_resumable",
+            self.agent,
+            session.session_id,
+            True,
+            holder=self.instance_id,
+            reply_target=self._sealed(target),
         )
         yield _sessions("post_to_inbox", self.agent, session.session_id, message)
-        return (yield from self._run_turn(session, inbound))
+        return (yield from self._run_turn(session, inbound, target))
 
     def resume_pass(self, only_deferred: bool) -> Steps[None]:
         """Re-runs the turns a crash cut off, if still fresh (stale ones are reset);
@@ -357,13 +406,29 @@ class GatewayRules:
         state = yield _sessions("state", self.agent, session.session_id)
         inbox: list[pb.QueuedMessage] = list(state.state.inbox)
         if any(q.sequence > answered_through for q in inbox):
+            try:
+                target = self._resumed_target(session)
+            except TargetUnreadable as unreadable:
+                log.error(
+                    "the interrupted turn of session %s is not resumed: %s; its mark is "
+                    "cleared and its messages wait in the inbox for the user's next message",
+                    session.session_id,
+                    unreadable,
+                )
+                yield _sessions("mark_resumable", self.agent, session.session_id, False)
+                return
             log.info("resuming interrupted session %s", session.session_id)
             # Take the turn over, so that a gateway booting meanwhile leaves it to us
             # (the mark keeps its time: the freshness window still counts from the crash).
             yield _sessions(
-                "mark_resumable", self.agent, session.session_id, True, holder=self.instance_id
+                "mark_resumable",
+                self.agent,
+                session.session_id,
+                True,
+                holder=self.instance_id,
+                reply_target=session.reply_target or self._sealed(target),
             )
-            yield from self._run_turn(session, None)
+            yield from self._run_turn(session, None, target)
         elif latest is not None and inbox:
             yield from self._finish_turn(
                 session.session_id, latest.content, inbox, answered_through
@@ -371,14 +436,35 @@ class GatewayRules:
         else:
             yield _sessions("mark_resumable", self.agent, session.session_id, False)
 
-    def _run_turn(self, session: pb.Session, inbound: Inbound | None) -> Steps[str]:
+    def _resumed_target(self, session: pb.Session) -> ReplyTarget:
+        """Where an interrupted turn's reply goes: the target sealed on its mark, else
+        (a mark of an older gateway) the session's source, unless its ids are hashed."""
+        if session.reply_target:
+            if self.sealer is None:
+                raise TargetUnreadable("its reply target is sealed and this gateway has no key")
+            return self.sealer.open(session.reply_target)
+        source = session.source
+        if _holds_hashed_ids(source):
+            raise TargetUnreadable(
+                "its session holds hashed ids (the agent redacts PII) and its mark carries "
+                "no sealed reply target"
+            )
+        return ReplyTarget(
+            source.transport, source.chat_id or source.conversation_id, source.thread_id
+        )
+
+    def _sealed(self, target: ReplyTarget) -> bytes:
+        return b"" if self.sealer is None else self.sealer.seal(target)
+
+    def _run_turn(
+        self, session: pb.Session, inbound: Inbound | None, target: ReplyTarget
+    ) -> Steps[str]:
         state: pb.GetSessionStateResponse = yield _sessions("state", self.agent, session.session_id)
         history = yield _sessions(
             "history", self.agent, session.session_id, limit=self.history_window, newest=True
         )
         reply: str = yield Call("agent", "__call__", (Turn(session, state, history, inbound),))
         inbox_through = state.state.inbox[-1].sequence if state.state.inbox else 0
-        platform, chat_id, thread_id = self._reply_target(session, inbound)
         message_ref = inbound.message_ref if inbound else f"resume:{session.last_sequence}"
         # Where the reply belongs, so that a gateway recovering it can finish the turn.
         turn = {
@@ -390,9 +476,9 @@ class GatewayRules:
             session.routing_key or session.session_id,
             message_ref,
             reply,
-            platform,
-            chat_id,
-            thread_id,
+            target.platform,
+            target.chat_id,
+            target.thread_id,
             metadata=turn,
         )
         if ours:  # else the instance that owes it finishes the turn when it delivers
@@ -432,12 +518,6 @@ class GatewayRules:
         yield _sessions("append", self.agent, session_id, *events)
         yield _sessions("mark_resumable", self.agent, session_id, False)
 
-    def _reply_target(self, session: pb.Session, inbound: Inbound | None) -> tuple[str, str, str]:
-        source = inbound.source if inbound else session.source
-        platform = (inbound.reply_platform if inbound else "") or source.transport
-        chat_id = (inbound.reply_chat_id if inbound else "") or source.chat_id
-        return platform, chat_id or source.conversation_id, source.thread_id
-
     # -- delivery --------------------------------------------------------------------------
 
     def deliver(
@@ -460,6 +540,8 @@ class GatewayRules:
         """
         if platform not in self.adapters:
             raise KeyError(f"no platform adapter named {platform!r}")
+        # With a key, the row holds the target sealed: no raw chat id reaches the ledger.
+        sealed = self._sealed(ReplyTarget(platform, chat_id, thread_id))
         recorded = yield _ledger(
             "record_best_effort",
             self.instance_id,
@@ -467,8 +549,9 @@ class GatewayRules:
             message_ref=message_ref,
             content=content,
             platform=platform,
-            chat_id=chat_id,
-            thread_id=thread_id,
+            chat_id="" if sealed else chat_id,
+            thread_id="" if sealed else thread_id,
+            sealed_target=sealed,
             metadata=metadata or {},
             begin_attempt=True,
         )
@@ -508,10 +591,34 @@ class GatewayRules:
                 yield _ledger("mark_delivered", self.instance_id, row, already)
                 yield from self._finish_recovered_turn(row)
                 return
+        try:
+            target = self._row_target(row)
+        except TargetUnreadable as unreadable:
+            log.error(
+                "reply %s is not redelivered: %s; it stays claimed by this instance, "
+                "unmarked, for a gateway holding the key once this one stops",
+                row.id,
+                unreadable,
+            )
+            return
         marker = row.needs_marker and not idempotent
         text = RECOVERED_MARKER + row.content if marker else row.content
-        if (yield from self._send(row.platform, row, row.chat_id, row.thread_id, text, row.id)):
+        sent = yield from self._send(
+            row.platform, row, target.chat_id, target.thread_id, text, row.id
+        )
+        if sent:
             yield from self._finish_recovered_turn(row)
+
+    def _row_target(self, row: dpb.Obligation) -> ReplyTarget:
+        """Where a claimed row goes: its sealed target opened, else its chat in clear."""
+        if not row.sealed_target:
+            return ReplyTarget(row.platform, row.chat_id, row.thread_id)
+        if self.sealer is None:
+            raise TargetUnreadable("its target is sealed and this gateway has no reply key")
+        target = self.sealer.open(row.sealed_target)
+        if target.platform != row.platform:
+            raise TargetUnreadable("its sealed target names another platform than the row")
+        return target
 
     def _was_delivered(self, row: dpb.Obligation) -> Steps[str | None]:
         """The optional capability: None (unknown) when absent or when it fails."""
@@ -586,3 +693,20 @@ class GatewayRules:
             )
         except SwitchboardError as ledger_error:
             log.warning("ledger update failed: %s", ledger_error)
+
+
+def _inbound_target(inbound: Inbound) -> ReplyTarget:
+    """Where the reply to an inbound message goes: its reply target, else its source's."""
+    source = inbound.source
+    return ReplyTarget(
+        inbound.reply_platform or source.transport,
+        inbound.reply_chat_id or source.chat_id or source.conversation_id,
+        source.thread_id,
+    )
+
+
+def _holds_hashed_ids(source: pb.Source) -> bool:
+    """Whether a stored source's chat or user id is in the SessionService's hashed
+    form (its agent redacts PII): such an id names no chat a platform knows."""
+    chat = re.fullmatch(rf"{re.escape(source.transport)}:[0-9a-f]{{12}}", source.chat_id)
+    return chat is not None or re.fullmatch(r"user_[0-9a-f]{12}", source.user_id) is not None

@@ -59,6 +59,10 @@ class AsyncSessionClient(AsyncBaseClient):
         request = pb.CreateAgentRequest(agent=pb.Agent(name=name, **fields))
         return (await self._call(self._stub.CreateAgent, request, request_id=request_id)).agent
 
+    async def get_agent(self, name: str) -> pb.Agent:
+        """Reads an agent, memory included."""
+        return (await self._call(self._stub.GetAgent, pb.GetAgentRequest(name=name))).agent
+
     async def resolve(
         self,
         agent: str,
@@ -103,10 +107,15 @@ class AsyncSessionClient(AsyncBaseClient):
         pending: bool = True,
         *,
         holder: str = "",
+        reply_target: bytes = b"",
         request_id: str = "",
     ) -> pb.Session:
         request = pb.MarkResumableRequest(
-            agent=agent, session_id=session_id, pending=pending, holder=holder
+            agent=agent,
+            session_id=session_id,
+            pending=pending,
+            holder=holder,
+            reply_target=reply_target,
         )
         return (await self._call(self._stub.MarkResumable, request, request_id=request_id)).session
 
@@ -244,6 +253,7 @@ class AsyncDeliveryClient(AsyncBaseClient):
         timeout_s: float | None = None,
         request_id: str = "",
         attempts: int | None = None,
+        sealed_target: bytes = b"",
     ) -> dpb.RecordObligationResponse:
         """As `DeliveryClient.record`: decide from the returned row, not `created`."""
         request = dpb.RecordObligationRequest(
@@ -256,6 +266,7 @@ class AsyncDeliveryClient(AsyncBaseClient):
             thread_id=thread_id,
             metadata=metadata or {},
             begin_attempt=begin_attempt,
+            sealed_target=sealed_target,
         )
         return await self._call(
             self._stub.RecordObligation,

@@ -38,6 +38,7 @@ from switchboard_client._core import (
 )
 from switchboard_client.adapters import AsyncPlatformAdapter, PlatformAdapter
 from switchboard_client.aio import AsyncDeliveryClient, AsyncSessionClient
+from switchboard_client.reply_targets import reply_sealer
 
 AsyncAgentCallback = Callable[[Turn], Awaitable[str]] | Callable[[Turn], str]
 
@@ -55,9 +56,11 @@ class AsyncGateway(GatewayView):
         heartbeat_s: float = 10.0,
         claim_every_s: float = 15.0,
         history_window: int = 50,
+        reply_key: str | bytes | None = None,
     ) -> None:
-        """As `Gateway`: `name` names the bot account, `agent` the agent of every turn."""
-        self.rules = GatewayRules(name, agent, adapters, history_window)
+        """As `Gateway`: `name` names the bot account, `agent` the agent of every turn,
+        `reply_key` (else SWITCHBOARD_REPLY_KEY) seals reply targets."""
+        self.rules = GatewayRules(name, agent, adapters, history_window, reply_sealer(reply_key))
         self.sessions = sessions
         self.ledger = ledger
         self.callback = callback

@@ -160,10 +160,13 @@ class DeliveryClient(BaseClient):
         timeout_s: float | None = None,
         request_id: str = "",
         attempts: int | None = None,
+        sealed_target: bytes = b"",
     ) -> pb.RecordObligationResponse:
         """Records a reply as owed before sending it; recording it again is harmless.
 
         `begin_attempt` records it straight into ATTEMPTING (saves MarkAttempting).
+        `sealed_target` (`switchboard_client.reply_targets`) stands in for `chat_id`
+        and `thread_id`, which are then empty: how a reply is recorded without a raw id.
         Decide what to do from the returned row (state, owner_instance_id), not from
         `created`: this call's own retries (one request id) report the first answer,
         but a new call recording the same reply reports created=False while this
@@ -180,6 +183,7 @@ class DeliveryClient(BaseClient):
             thread_id=thread_id,
             metadata=metadata or {},
             begin_attempt=begin_attempt,
+            sealed_target=sealed_target,
         )
         return self._call(
             self._stub.RecordObligation,

@@ -29,6 +29,7 @@ from switchboard_client._core import (
 )
 from switchboard_client.adapters import PlatformAdapter, SendFailed
 from switchboard_client.delivery import DeliveryClient
+from switchboard_client.reply_targets import reply_sealer
 from switchboard_client.session import SessionClient
 
 AgentCallback = Callable[[Turn], str]
@@ -47,10 +48,14 @@ class Gateway(GatewayView):
         heartbeat_s: float = 10.0,
         claim_every_s: float = 15.0,
         history_window: int = 50,
+        reply_key: str | bytes | None = None,
     ) -> None:
         """`name` names the bot account (only its instances claim its replies);
-        `agent` the agent every turn runs as."""
-        self.rules = GatewayRules(name, agent, adapters, history_window)
+        `agent` the agent every turn runs as. `reply_key` (else SWITCHBOARD_REPLY_KEY)
+        seals reply targets (`switchboard_client.reply_targets`); a short or
+        placeholder key raises `ReplyKeyRefused` here, and `start` refuses an agent
+        that redacts PII without one."""
+        self.rules = GatewayRules(name, agent, adapters, history_window, reply_sealer(reply_key))
         self.sessions = sessions
         self.ledger = ledger
         self.callback = callback

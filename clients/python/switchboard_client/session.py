@@ -293,15 +293,22 @@ class SessionClient(BaseClient):
         pending: bool = True,
         *,
         holder: str = "",
+        reply_target: bytes = b"",
         request_id: str = "",
     ) -> pb.Session:
         """Marks the session's turn as interrupted (or clears the mark with False).
 
         `holder` names the process running the turn (a gateway passes its ledger
-        instance id), so that others leave the turn alone while it lives.
+        instance id), so that others leave the turn alone while it lives;
+        `reply_target` is where its reply goes, sealed (`switchboard_client.reply_targets`),
+        kept with the mark as `Session.reply_target`.
         """
         request = pb.MarkResumableRequest(
-            agent=agent, session_id=session_id, pending=pending, holder=holder
+            agent=agent,
+            session_id=session_id,
+            pending=pending,
+            holder=holder,
+            reply_target=reply_target,
         )
         return self._call(self._stub.MarkResumable, request, request_id=request_id).session
 

@@ -125,6 +125,7 @@ const gateway = new Gateway({
   heartbeatMs: config.heartbeatMs ?? 200,
   claimEveryMs: config.claimEveryMs ?? 3_600_000,
   leaseTtlS: config.leaseTtlS ?? null,
+  replyKey: config.replyKey ?? null,
   logger: {
     info: (message) => console.error(`info: ${message}`),
     warn: (message) => console.error(`warn: ${message}`),
