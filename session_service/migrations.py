@@ -216,6 +216,15 @@ def storage_formats(schema: Schema) -> None:
         schema.run(schema.migrator.add_column(table, "format", column))
 
 
+def session_listing_indexes(schema: Schema) -> None:
+    """ListSessions across agents reads the newest sessions first, or one routing
+    key's: an index for each, so a page costs the same however many sessions exist."""
+    schema.run(
+        schema.migrator.add_index("session_session", ("created_seq",), False),
+        schema.migrator.add_index("session_session", ("routing_key",), False),
+    )
+
+
 MIGRATIONS = (
     baseline,
     request_records,
@@ -223,6 +232,7 @@ MIGRATIONS = (
     active_markers,
     fork_lineage,
     storage_formats,
+    session_listing_indexes,
 )
 
 SESSION_SCHEMA = Component(

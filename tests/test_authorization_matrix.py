@@ -80,6 +80,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "Checkout": ADMIN_ONLY,
     "TruncateLog": ADMIN_ONLY,
     "ListLogEvents": ADMIN_ONLY,
+    "RecordOperatorAction": ADMIN_ONLY,
     "ForkSession": FOR_ITS_AGENTS,
     "Delegate": FOR_ITS_AGENTS,
     "SendToPeer": FOR_ITS_AGENTS,
@@ -439,6 +440,10 @@ BUILDERS: dict[str, Builder] = {
     "Checkout": _travel("Checkout"),
     "TruncateLog": _plain("TruncateLog", lambda w, o: pb.TruncateLogRequest(below_sequence=1)),
     "ListLogEvents": _plain("ListLogEvents", lambda w, o: pb.ListLogEventsRequest(agent=o)),
+    "RecordOperatorAction": _plain(
+        "RecordOperatorAction",
+        lambda w, o: pb.RecordOperatorActionRequest(action="test.matrix", subject=o),
+    ),
     "ForkSession": _session_cell("ForkSession"),
     "Delegate": _session_cell("Delegate"),
     "SendToPeer": _session_cell("SendToPeer"),
