@@ -163,6 +163,10 @@ class ObligationFilter:
     session_key: str = ""
     owner_instance_id: str = ""
     gateway_name: str = ""
+    #: Only this agent's rows ("": any).
+    agent: str = ""
+    #: Only rows still owed (PENDING, ATTEMPTING, FAILED); never with `state`.
+    owed_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "ClaimRecoverable": FILTERED,
     "GetObligation": ITS_AGENTS_ROWS,
     "ListObligations": FILTERED,
+    "CountObligations": FILTERED,
     "RetryObligation": ADMIN_ONLY,
     "AbandonObligation": ADMIN_ONLY,
     "GetLedgerStats": ADMIN_ONLY,
@@ -363,6 +364,15 @@ def _listed_rows(world: World, owner: str, principal: str) -> Cell:
     )
 
 
+def _counted_rows(world: World, owner: str, principal: str) -> Cell:
+    row, _ = world.obligation_of(owner)
+    request = dpb.CountObligationsRequest(session_key=row.session_key)
+    return Cell(
+        lambda metadata: world.delivery.CountObligations(request, metadata=metadata),
+        lambda answer: answer.count == 1,
+    )
+
+
 def _listed_instances(world: World, owner: str, principal: str) -> Cell:
     instance_id = world.instance_of(owner, f"gw-{owner}")
     request = dpb.ListInstancesRequest(gateway_name=f"gw-{owner}", page_size=1000)
@@ -468,6 +478,7 @@ BUILDERS: dict[str, Builder] = {
     "ClaimRecoverable": _claimed,
     "GetObligation": _row_request("GetObligation"),
     "ListObligations": _listed_rows,
+    "CountObligations": _counted_rows,
     "RetryObligation": _row_request("RetryObligation", failed_first=True),
     "AbandonObligation": _row_request("AbandonObligation", reason="operator test"),
     "GetLedgerStats": _plain(
