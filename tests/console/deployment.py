@@ -50,6 +50,7 @@ class Deployment:
     read_only_url: str
     console: Console
     seeded: Seeded
+    database_url: str
 
     def append(
         self, session_id: str, *events: pb.SessionEventInput, agent: str = "alice"
@@ -195,4 +196,5 @@ def deployed(loop: EventLoopThread, database_url: str) -> Iterator[Deployment]:
             read_only_url=consoles[1][1],
             console=consoles[0][0].console,
             seeded=seeded,
+            database_url=database_url,
         )

@@ -191,6 +191,46 @@ def test_the_console_command_serves_the_login_page(deployment: Deployment) -> No
         process.wait(timeout=20)
 
 
+def test_serve_all_serves_the_console_beside_the_services(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    url = deployment.database_url
+    command = [
+        str(Path(sys.executable).with_name("switchboard")),
+        "serve",
+        "all",
+        "--data-dir",
+        str(tmp_path),
+        "--session-listen",
+        "127.0.0.1:0",
+        "--delivery-listen",
+        "127.0.0.1:0",
+        "--session-database-url",
+        url,
+        "--delivery-database-url",
+        url,
+        "--console-listen",
+        "127.0.0.1:0",
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert process.stdout is not None
+        line = ""
+        for line in process.stdout:
+            if "console on http://" in line:
+                break
+        console = line.split("console on ", 1)[1].strip()
+        with httpx.Client(base_url=console, follow_redirects=False, timeout=10) as client:
+            answer = client.post("/login", data={"token": ""}, headers={"origin": console})
+            assert answer.status_code == 303  # authentication is off: the services agree
+            sessions = client.get("/sessions")
+            assert sessions.status_code == 200
+            assert deployment.seeded.alice_session in sessions.text  # the same database
+    finally:
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+
+
 def _session_address(deployment: Deployment) -> str:
     return deployment.console.channels.session_target
 
