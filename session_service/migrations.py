@@ -218,11 +218,12 @@ def storage_formats(schema: Schema) -> None:
 
 def session_listing_indexes(schema: Schema) -> None:
     """ListSessions across agents reads the newest sessions first, or one routing
-    key's: an index for each, so a page costs the same however many sessions exist."""
-    schema.run(
-        schema.migrator.add_index("session_session", ("created_seq",), False),
-        schema.migrator.add_index("session_session", ("routing_key",), False),
-    )
+    key's: an index for each, so a page costs the same however many sessions exist.
+    IF NOT EXISTS: a database brought back to an earlier version by hand may keep them."""
+    for column in ("created_seq", "routing_key"):
+        schema.execute(
+            f"CREATE INDEX IF NOT EXISTS session_session_{column} ON session_session ({column})"
+        )
 
 
 MIGRATIONS = (
