@@ -709,7 +709,9 @@ class LogStore:
         """A page of the global log in sequence order, each event with whether it is
         abandoned (`branch`: a LogBranch); and whether more match beyond it (after
         it, or with `newest`, the top of the matching events, before it)."""
-        where, params = "seq > ?", list[Any]([after_seq])
+        # No lower bound unless one is asked for: SQLite bounds a range scan by the first
+        # one it meets, and a "seq > 0" would make a newest page's rows read from the start.
+        where, params = ("seq > ?", list[Any]([after_seq])) if after_seq else ("1 = 1", [])
         for column, value in (("agent", agent), ("session_id", session_id)):
             if value:
                 where += f" AND {column} = ?"
