@@ -30,10 +30,6 @@ class SessionCalls(AsyncSessionClient):
     async def list_sessions(self, request: pb.ListSessionsRequest) -> pb.ListSessionsResponse:
         return await self._call(self._stub.ListSessions, request)
 
-    async def list_agents(self) -> list[pb.Agent]:
-        request = pb.ListAgentsRequest(page_size=1000)
-        return list((await self._call(self._stub.ListAgents, request)).agents)
-
     async def list_checkpoints(
         self, min_sequence: int = 0, page_size: int = 100
     ) -> list[pb.Checkpoint]:
