@@ -44,6 +44,8 @@ MAX_CLAIM_LIMIT = 1000
 MAX_LEASE_TTL_S = 3600.0
 MAX_RETRY_AFTER_S = 24 * 3600.0
 MAX_HAND_OVER_IDS = 1000
+#: Session keys one CountObligations counts apart.
+MAX_COUNTED_KEYS = 1000
 _REGISTER_FIRST = "; call RegisterInstance first"
 
 
@@ -496,12 +498,7 @@ class Ledger:
         caller: Caller = UNRESTRICTED,
     ) -> Page:
         """A page of rows, of the caller's agents only."""
-        if where.platform:
-            validation.platform("platform", where.platform)
-        if where.owner_instance_id:
-            _instance_id(where.owner_instance_id)
-        validation.text("session_key", where.session_key, max_len=512)
-        validation.text("gateway_name", where.gateway_name, max_len=128)
+        _check_filter(where)
         size = pagination.page_size(page_size)
         filters: list[Any] = [
             where.state,
@@ -511,6 +508,8 @@ class Ledger:
         ]
         if where.gateway_name:  # tokens of earlier releases stay valid without it
             filters.append(where.gateway_name)
+        if where.agent or where.owed_only:  # so do those issued before these filters
+            filters += [where.agent, where.owed_only]
         position = pagination.position_of(page_token, filters, float, str)
         after = None if position is None else (position[0], position[1])
         if where.session_key:
@@ -527,6 +526,23 @@ class Ledger:
             return Page(rows, token)
 
         return await self.runner.read(op)
+
+    async def count(
+        self,
+        where: ObligationFilter,
+        session_keys: Sequence[str],
+        caller: Caller = UNRESTRICTED,
+    ) -> tuple[int, dict[str, int]]:
+        """How many rows `list` would list with these filters, and per session key."""
+        _check_filter(where)
+        if len(session_keys) > MAX_COUNTED_KEYS:
+            raise InvalidArgument(
+                "session_keys",
+                f"has {len(session_keys)} entries; the limit is {MAX_COUNTED_KEYS}",
+            )
+        for index, key in enumerate(session_keys):
+            validation.text(f"session_keys[{index}]", key, max_len=512)
+        return await self.runner.read(lambda: self.store.count(where, session_keys, caller.agents))
 
     async def retry(self, obligation_id: str, caller: Caller = UNRESTRICTED) -> Obligation:
         _require_admin(caller, "RetryObligation")
@@ -651,6 +667,18 @@ def _reply_target(new: NewObligation) -> None:
             "must be empty when sealed_target is given: the sealed target carries the chat "
             "and the thread, and an id beside it would be stored in clear",
         )
+
+
+def _check_filter(where: ObligationFilter) -> None:
+    if where.platform:
+        validation.platform("platform", where.platform)
+    if where.owner_instance_id:
+        _instance_id(where.owner_instance_id)
+    validation.text("session_key", where.session_key, max_len=512)
+    validation.text("gateway_name", where.gateway_name, max_len=128)
+    validation.text("agent", where.agent, max_len=64)
+    if where.owed_only and where.state is not None:
+        raise InvalidArgument("owed_only", "give either a state or owed_only, not both")
 
 
 def _principal_guard(caller: Caller) -> str | None:

@@ -170,6 +170,10 @@ class ObligationFilter:
     gateway_name: str = ""
     #: `session_key` as a server with a PII key stores it; rows match under either.
     session_key_as_stored: str = ""
+    #: Only this agent's rows ("": any).
+    agent: str = ""
+    #: Only rows still owed (PENDING, ATTEMPTING, FAILED); never with `state`.
+    owed_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -261,11 +261,34 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             session_key=request.session_key,
             owner_instance_id=request.owner_instance_id,
             gateway_name=request.gateway_name,
+            agent=request.agent,
+            owed_only=request.owed_only,
         )
         page = await self.ledger.list(where, request.page_size, request.page_token, caller())
         return pb.ListObligationsResponse(
             obligations=[obligation_pb(row) for row in page.obligations],
             next_page_token=page.next_page_token,
+        )
+
+    async def CountObligations(  # noqa: N802
+        self, request: pb.CountObligationsRequest, context: Context
+    ) -> pb.CountObligationsResponse:
+        where = ObligationFilter(
+            state=state_filter(request.state),
+            platform=request.platform,
+            session_key=request.session_key,
+            owner_instance_id=request.owner_instance_id,
+            gateway_name=request.gateway_name,
+            agent=request.agent,
+            owed_only=request.owed_only,
+        )
+        keys = list(request.session_keys)
+        total, by_key = await self.ledger.count(where, keys, caller())
+        return pb.CountObligationsResponse(
+            count=total,
+            session_key_counts=[
+                pb.SessionKeyCount(session_key=key, count=by_key.get(key, 0)) for key in keys
+            ],
         )
 
     @mutation(with_obligation(pb.RetryObligationResponse))

@@ -515,22 +515,48 @@ class LedgerStore:
     ) -> list[Obligation]:
         """A page of rows matching `where`, of `agents` only (None: every agent)."""
         obl = self.Obligation
-        query = obl.select().where(_of_agents(obl, agents))
-        if where.state is not None:
-            query = query.where(obl.state == where.state.value)
-        if where.platform:
-            query = query.where(obl.platform == where.platform)
-        if where.session_key:
-            keys = {where.session_key, where.session_key_as_stored} - {""}
-            query = query.where(obl.session_key.in_(sorted(keys)))
-        if where.owner_instance_id:
-            query = query.where(obl.owner_instance_id == where.owner_instance_id)
-        if where.gateway_name:
-            query = query.where(obl.gateway_name == where.gateway_name)
+        query = obl.select().where(self._matching(where, agents))
         if after is not None:
             query = query.where(peewee.Tuple(obl.created_at, obl.id) > peewee.Tuple(*after))
         query = query.order_by(obl.created_at, obl.id).limit(limit)
         return [_obligation_from(cast(dict[str, Any], row)) for row in query.dicts()]
+
+    def _matching(self, where: ObligationFilter, agents: Agents) -> peewee.Expression:
+        obl = self.Obligation
+        condition = _of_agents(obl, agents)
+        if where.state is not None:
+            condition &= obl.state == where.state.value
+        if where.owed_only:
+            condition &= obl.state.in_([state.value for state in OWED])
+        if where.session_key:
+            keys = {where.session_key, where.session_key_as_stored} - {""}
+            condition &= obl.session_key.in_(sorted(keys))
+        for column, value in (
+            (obl.platform, where.platform),
+            (obl.owner_instance_id, where.owner_instance_id),
+            (obl.gateway_name, where.gateway_name),
+            (obl.agent, where.agent),
+        ):
+            if value:
+                condition &= column == value
+        return condition
+
+    def count(
+        self, where: ObligationFilter, session_keys: Sequence[str], agents: Agents = None
+    ) -> tuple[int, dict[str, int]]:
+        """Rows matching `where` (of `agents` only), and those of each of `session_keys`:
+        two statements, the second one grouped."""
+        obl = self.Obligation
+        matching = self._matching(where, agents)
+        total = int(obl.select().where(matching).count())
+        if not session_keys:
+            return total, {}
+        grouped = (
+            obl.select(obl.session_key, fn.COUNT(SQL("*")))
+            .where(matching & obl.session_key.in_(sorted(set(session_keys))))
+            .group_by(obl.session_key)
+        )
+        return total, {str(key): int(count) for key, count in tuples(grouped)}
 
     def stats(self, now: float) -> LedgerStats:
         obl = self.Obligation

@@ -7,6 +7,7 @@ Every page is bounded by rows and, for the log, by bytes before it is read.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from session_service.checks import agent_name, checked_session_id
 from session_service.core import Core
@@ -29,6 +30,8 @@ class LogQuery:
     session_id: str = ""
     event_types: tuple[str, ...] = ()
     branch: int = LogBranch.UNSPECIFIED
+    #: The newest matching events (a page from the top), paged backwards.
+    newest: bool = False
 
     def checked(self) -> LogQuery:
         validation.int64("after_sequence", self.after)
@@ -49,50 +52,73 @@ class LogQuery:
         return self
 
 
+@dataclass(frozen=True)
+class LogPage:
+    """A page of the log, each event with whether it is abandoned, and the log's
+    bounds when it was read."""
+
+    entries: list[tuple[Event, bool]]
+    next_page_token: str
+    head: int
+    retained_from: int
+
+
 class LogReads:
     def __init__(self, core: Core) -> None:
         self.core = core
         self.store = core.store
 
-    async def events(
-        self, query: LogQuery, page_size: int, page_token: str
-    ) -> tuple[list[tuple[Event, bool]], str]:
-        """A page of the log in sequence order, each event with whether it is
-        abandoned, and the next page's token."""
+    async def events(self, query: LogQuery, page_size: int, page_token: str) -> LogPage:
+        """A page of the log in sequence order and the next page's token (forwards, or
+        with `newest` backwards)."""
         query.checked()
         size = pagination.page_size(page_size)
-        filters = ["log", asdict(query)]
+        fields = asdict(query)
+        if not query.newest:  # tokens issued before `newest` existed stay valid
+            del fields["newest"]
+        filters = ["log", fields]
         position = pagination.position_of(page_token, filters, int)
-        after = query.after if position is None else position[0]
+        after, before = query.after, query.before
+        if position is not None:  # the bound that moves: the upper one backwards
+            after, before = (after, position[0]) if query.newest else (position[0], before)
 
-        def op() -> tuple[list[tuple[Event, bool]], str]:
+        def op() -> LogPage:
             found, more = self.store.log_page(
                 after,
-                query.before or None,
+                before or None,
                 query.agent,
                 query.session_id,
                 sorted(set(query.event_types)),
                 query.branch,
                 size,
                 pagination.MAX_ANSWER_BYTES,
+                newest=query.newest,
             )
-            last = found[-1][0].sequence if found else 0
-            return found, pagination.encode([last], filters) if more else ""
+            edge = (found[0] if query.newest else found[-1])[0].sequence if found else 0
+            token = pagination.encode([edge], filters) if more else ""
+            return LogPage(found, token, self.store.head(), self.store.retained_from())
 
         return await self.core.runner.read(op)
 
-    async def checkpoints(self, page_size: int, page_token: str) -> tuple[list[Checkpoint], str]:
-        """A page of checkpoints, oldest first, and the next page's token."""
+    async def checkpoints(
+        self, page_size: int, page_token: str, min_sequence: int = 0
+    ) -> tuple[list[Checkpoint], str]:
+        """A page of checkpoints at `min_sequence` or later, oldest first, and the next
+        page's token."""
+        validation.int64("min_sequence", min_sequence)
         size = pagination.page_size(page_size)
-        position = pagination.position_of(page_token, ["checkpoints"], int, str)
+        filters: list[Any] = ["checkpoints"]
+        if min_sequence:  # tokens issued before the filter existed stay valid
+            filters.append(min_sequence)
+        position = pagination.position_of(page_token, filters, int, str)
         after = None if position is None else (position[0], position[1])
 
         def op() -> tuple[list[Checkpoint], str]:
-            rows = self.store.checkpoints_page(after, size + 1)
+            rows = self.store.checkpoints_page(after, size + 1, min_sequence)
             more = len(rows) > size
             rows = rows[:size]
             page = [checkpoint_of(label, seq, at) for label, seq, at in rows]
-            token = pagination.encode([rows[-1][1], rows[-1][0]], ["checkpoints"]) if more else ""
+            token = pagination.encode([rows[-1][1], rows[-1][0]], filters) if more else ""
             return page, token
 
         return await self.core.runner.read(op)

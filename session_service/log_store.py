@@ -98,7 +98,11 @@ class SessionRow(peewee.Model):
 
     class Meta:
         table_name = "session_session"
-        indexes = ((("agent", "created_seq"), False),)
+        indexes = (
+            (("agent", "created_seq"), False),
+            (("created_seq",), False),  # every agent's sessions, newest first
+            (("routing_key",), False),
+        )
 
 
 class RouteRow(peewee.Model):
@@ -242,6 +246,14 @@ def _session_index(fields: dict[str, Any]) -> SessionIndex:
 #: The channel appends are announced on (Postgres NOTIFY), for other replicas' watchers.
 LOG_CHANNEL = "switchboard_session_log"
 
+#: The kinds of the log's own records, which belong to no agent or session: no state
+#: folds them and no truncation deletes them.
+LOG_RECORD_KINDS = ("rewound", "operator_action")
+_LOG_RECORD_KINDS_SQL = ", ".join(f"'{kind}'" for kind in LOG_RECORD_KINDS)
+#: Audit records stay active whatever a move abandons or restores: what an operator
+#: did happened, on whichever branch the log is now.
+_NEVER_ABANDONED_SQL = "'operator_action'"
+
 
 def agent_entity(name: str) -> str:
     return f"agent:{name}"
@@ -343,7 +355,7 @@ class LogStore:
                 "SELECT agent, session_id, "
                 "SUM(CASE WHEN kind = 'rewind_applied' THEN 0 ELSE 1 END) "
                 "FROM session_log WHERE seq >= ? AND seq <= ? AND active = ? "
-                "AND kind <> 'rewound' GROUP BY agent, session_id"
+                f"AND kind NOT IN ({_LOG_RECORD_KINDS_SQL}) GROUP BY agent, session_id"
             ),
             [first, last, active],
         ).fetchall()
@@ -353,11 +365,15 @@ class LogStore:
 
     def mark(self, first: int, last: int, active: bool) -> None:
         """Sets the marker of the log rows and snapshots in [first, last]; guarded, so
-        only rows whose status changes are written."""
-        for table in ("session_log", "session_snapshot"):
+        only rows whose status changes are written. Audit records keep theirs."""
+        for table, kept in (
+            ("session_log", f" AND kind <> {_NEVER_ABANDONED_SQL}"),
+            ("session_snapshot", ""),
+        ):
             self.database.execute_sql(
                 self._sql(
                     f"UPDATE {table} SET active = ? WHERE seq >= ? AND seq <= ? AND active = ?"
+                    + kept
                 ),
                 [active, first, last, not active],
             )
@@ -401,7 +417,9 @@ class LogStore:
             self.Event.select(
                 self.Event.agent, self.Event.session_id, peewee.fn.MAX(self.Event.seq)
             )
-            .where((self.Event.seq < seq) & (self.Event.kind != "rewound") & self._active())
+            .where(
+                (self.Event.seq < seq) & self.Event.kind.not_in(LOG_RECORD_KINDS) & self._active()
+            )
             .group_by(self.Event.agent, self.Event.session_id)
         )
         blocking = []
@@ -424,7 +442,7 @@ class LogStore:
     def truncate_below(self, seq: int) -> int:
         deleted = (
             self.Event.delete()
-            .where((self.Event.seq < seq) & (self.Event.kind != "rewound"))
+            .where((self.Event.seq < seq) & self.Event.kind.not_in(LOG_RECORD_KINDS))
             .execute()
         )
         self.Retention.update(retained_from=seq).where(self.Retention.id == 1).execute()
@@ -686,10 +704,14 @@ class LogStore:
         branch: int,
         limit: int,
         budget: int,
+        newest: bool = False,
     ) -> tuple[list[tuple[Event, bool]], bool]:
         """A page of the global log in sequence order, each event with whether it is
-        abandoned (`branch`: a LogBranch); and whether more match after it."""
-        where, params = "seq > ?", list[Any]([after_seq])
+        abandoned (`branch`: a LogBranch); and whether more match beyond it (after
+        it, or with `newest`, the top of the matching events, before it)."""
+        # No lower bound unless one is asked for: SQLite bounds a range scan by the first
+        # one it meets, and a "seq > 0" would make a newest page's rows read from the start.
+        where, params = ("seq > ?", list[Any]([after_seq])) if after_seq else ("1 = 1", [])
         for column, value in (("agent", agent), ("session_id", session_id)):
             if value:
                 where += f" AND {column} = ?"
@@ -703,7 +725,7 @@ class LogStore:
         if branch in (LogBranch.ACTIVE, LogBranch.ABANDONED):
             where += " AND active = ?"
             params.append(branch == LogBranch.ACTIVE)
-        events, more = self._sized_page(where, params, False, limit, budget)
+        events, more = self._sized_page(where, params, newest, limit, budget)
         abandoned = self.abandoned_among([event.sequence for event in events])
         return [(event, event.sequence in abandoned) for event in events], more
 
@@ -750,10 +772,12 @@ class LogStore:
         return events, len(sizes) > kept
 
     def checkpoints_page(
-        self, after: tuple[int, str] | None, limit: int
+        self, after: tuple[int, str] | None, limit: int, min_seq: int = 0
     ) -> list[tuple[str, int, float]]:
-        """Checkpoints after (sequence, label), in that order."""
+        """Checkpoints at `min_seq` or later after (sequence, label), in that order."""
         query = self.Checkpoint.select()
+        if min_seq:
+            query = query.where(self.Checkpoint.seq >= min_seq)
         if after is not None:
             seq, label = after
             query = query.where(
@@ -799,8 +823,8 @@ class LogStore:
 
     # -- states -----------------------------------------------------------------------------
 
-    def agent_state(self, name: str) -> Agent | None:
-        return self._state(agent_entity(name), Agent, replay.apply_to_agent)
+    def agent_state(self, name: str, until: int | None = None) -> Agent | None:
+        return self._state(agent_entity(name), Agent, replay.apply_to_agent, until)
 
     def session_state(self, session_id: str, until: int | None = None) -> SessionState | None:
         return self._state(session_entity(session_id), SessionState, replay.apply_to_session, until)
@@ -877,8 +901,14 @@ class LogStore:
         transport: str,
         before_created_seq: int | None,
         limit: int,
+        routing_key: str = "",
     ) -> list[SessionIndex]:
-        query = self.Session.select().where(self.Session.agent == agent)
+        """Newest first; every agent's sessions for `agent` ""."""
+        query = self.Session.select()
+        if agent:
+            query = query.where(self.Session.agent == agent)
+        if routing_key:
+            query = query.where(self.Session.routing_key == routing_key)
         if status:
             query = query.where(self.Session.status == status)
         if transport:
@@ -982,7 +1012,7 @@ class LogStore:
 
     def replayable_event_count(self) -> int:
         """How many events `active_events` yields (a rebuild's total)."""
-        query = self.Event.select().where((self.Event.kind != "rewound") & self._active())
+        query = self.Event.select().where(self.Event.kind.not_in(LOG_RECORD_KINDS) & self._active())
         return int(query.count())
 
     def delete_agent_index(self, name: str) -> None:
@@ -1002,7 +1032,11 @@ class LogStore:
         while True:
             query = (
                 self.Event.select(self.Event.format, self.Event.payload)
-                .where((self.Event.seq > after) & (self.Event.kind != "rewound") & self._active())
+                .where(
+                    (self.Event.seq > after)
+                    & self.Event.kind.not_in(LOG_RECORD_KINDS)
+                    & self._active()
+                )
                 .order_by(self.Event.seq)
                 .limit(batch)
             )

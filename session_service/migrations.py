@@ -216,6 +216,16 @@ def storage_formats(schema: Schema) -> None:
         schema.run(schema.migrator.add_column(table, "format", column))
 
 
+def session_listing_indexes(schema: Schema) -> None:
+    """ListSessions across agents reads the newest sessions first, or one routing
+    key's: an index for each, so a page costs the same however many sessions exist.
+    IF NOT EXISTS: a database brought back to an earlier version by hand may keep them."""
+    for column in ("created_seq", "routing_key"):
+        schema.execute(
+            f"CREATE INDEX IF NOT EXISTS session_session_{column} ON session_session ({column})"
+        )
+
+
 MIGRATIONS = (
     baseline,
     request_records,
@@ -223,6 +233,7 @@ MIGRATIONS = (
     active_markers,
     fork_lineage,
     storage_formats,
+    session_listing_indexes,
 )
 
 SESSION_SCHEMA = Component(

@@ -342,6 +342,7 @@ class Rewound(EventBody):
     to_sequence: int = 0
     checkout: bool = False
     checkpoint: str = ""
+    principal: str = ""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -374,12 +375,22 @@ class RewindApplied(EventBody):
     rewind_sequence: int = 0
 
 
+@dataclass(slots=True, kw_only=True)
+class OperatorAction(EventBody):
+    kind: ClassVar[str] = "operator_action"
+    principal: str = ""
+    action: str = ""
+    subject: str = ""
+    detail: str = ""
+
+
 #: Every body kind, as `Event.body` may hold it (the converter maps exactly these).
 EVENT_BODIES: tuple[type[EventBody], ...] = (
     AgentCreated, AgentUpdated, MemoryPut, MemoryDeleted, AgentArchived,
     SessionOpened, SessionEnded, MessageAppended, InboxPosted, InboxDrained,
     OutboxQueued, OutboxAcked, TaskSet, TaskCleared, TempStateChanged,
     Rewound, PermissionChecked, ResumeMarked, SuspensionChanged, RewindApplied,
+    OperatorAction,
 )  # fmt: skip
 
 #: The bodies that carry a message (whose sender may be a person's id).

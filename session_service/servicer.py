@@ -11,6 +11,7 @@ from typing import Any
 
 from session_service import checks, convert, records
 from session_service.agents import Agents
+from session_service.audit import Audit
 from session_service.continuity import Continuity
 from session_service.conversations import Conversations
 from session_service.core import Core
@@ -136,6 +137,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self.multi_agent = MultiAgent(core, self.agents, self.conversations)
         self.continuity = Continuity(core, self.agents, self.conversations)
         self.log_reads = LogReads(core)
+        self.audit = Audit(core)
         self._watched = _Converted()
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=_agent(agent)))
@@ -210,7 +212,12 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.ListSessionsRequest, context: Context
     ) -> pb.ListSessionsResponse:
         sessions, token = await self.reads.list_sessions(
-            request.agent, request.status, request.transport, request.page_size, request.page_token
+            request.agent,
+            request.status,
+            request.transport,
+            request.page_size,
+            request.page_token,
+            request.routing_key,
         )
         return pb.ListSessionsResponse(sessions=_sessions(sessions), next_page_token=token)
 
@@ -273,7 +280,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def GetSessionState(  # noqa: N802
         self, request: pb.GetSessionStateRequest, context: Context
     ) -> pb.GetSessionStateResponse:
-        state, agent = await self.reads.state(request.agent, request.session_id)
+        state, agent = await self.reads.state(
+            request.agent, request.session_id, request.at_sequence
+        )
         return pb.GetSessionStateResponse(state=convert.to_pb(state), agent=_agent(agent))
 
     @mutation(lambda sequence: pb.SnapshotSessionResponse(sequence=sequence))
@@ -298,7 +307,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def ListCheckpoints(  # noqa: N802
         self, request: pb.ListCheckpointsRequest, context: Context
     ) -> pb.ListCheckpointsResponse:
-        checkpoints, token = await self.log_reads.checkpoints(request.page_size, request.page_token)
+        checkpoints, token = await self.log_reads.checkpoints(
+            request.page_size, request.page_token, request.min_sequence
+        )
         return pb.ListCheckpointsResponse(
             checkpoints=[convert.to_pb(checkpoint) for checkpoint in checkpoints],
             next_page_token=token,
@@ -310,14 +321,20 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     ) -> Move:
         sequence = request.sequence if request.WhichOneof("target") == "sequence" else None
         return await self.time_travel.rewind(
-            sequence, request.checkpoint, request.preview, request.empty_log
+            sequence,
+            request.checkpoint,
+            request.preview,
+            request.empty_log,
+            auth.current_principal(),
         )
 
     @mutation(lambda move: pb.CheckoutResponse(**_move_fields(move)))
     async def Checkout(  # noqa: N802
         self, request: pb.CheckoutRequest, context: Context
     ) -> Move:
-        return await self.time_travel.checkout(request.sequence, request.preview, request.empty_log)
+        return await self.time_travel.checkout(
+            request.sequence, request.preview, request.empty_log, auth.current_principal()
+        )
 
     @mutation(lambda done: pb.TruncateLogResponse(retained_from=done[0], deleted_count=done[1]))
     async def TruncateLog(  # noqa: N802
@@ -328,7 +345,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def ListLogEvents(  # noqa: N802
         self, request: pb.ListLogEventsRequest, context: Context
     ) -> pb.ListLogEventsResponse:
-        entries, token = await self.log_reads.events(
+        page = await self.log_reads.events(
             LogQuery(
                 after=request.after_sequence,
                 before=request.before_sequence,
@@ -336,6 +353,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
                 session_id=request.session_id,
                 event_types=tuple(request.event_types),
                 branch=request.branch,
+                newest=request.newest,
             ),
             request.page_size,
             request.page_token,
@@ -343,9 +361,19 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         return pb.ListLogEventsResponse(
             entries=[
                 pb.LogEntry(event=convert.event_pb(event), abandoned=abandoned)
-                for event, abandoned in entries
+                for event, abandoned in page.entries
             ],
-            next_page_token=token,
+            next_page_token=page.next_page_token,
+            head_sequence=page.head,
+            retained_from=page.retained_from,
+        )
+
+    @mutation(lambda event: pb.RecordOperatorActionResponse(event=convert.event_pb(event)))
+    async def RecordOperatorAction(  # noqa: N802
+        self, request: pb.RecordOperatorActionRequest, context: Context
+    ) -> records.Event:
+        return await self.audit.record(
+            auth.current_principal(), request.action, request.subject, request.detail
         )
 
     @mutation(lambda session: pb.ForkSessionResponse(session=_session(session)))

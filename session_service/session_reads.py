@@ -18,7 +18,7 @@ from session_service.records import (
     SessionStatus,
 )
 from switchboard import pagination, validation
-from switchboard.errors import InvalidArgument, NotFound
+from switchboard.errors import InvalidArgument, NotFound, OutOfRange
 
 
 class SessionReads:
@@ -37,22 +37,34 @@ class SessionReads:
         return await self.runner.read(op)
 
     async def list_sessions(
-        self, agent: str, status: int, transport: str, page_size: int, page_token: str
+        self,
+        agent: str,
+        status: int,
+        transport: str,
+        page_size: int,
+        page_token: str,
+        routing_key: str = "",
     ) -> tuple[list[Session], str]:
-        agent_name("agent", agent)
+        """A page of the agent's sessions (every agent's for "": the caller's
+        authorization decided that it may see them), newest first."""
+        if agent:
+            agent_name("agent", agent)
         if status not in set(SessionStatus):
             raise InvalidArgument("status", f"{status} is not a known SessionStatus")
         if transport:
             validation.platform("transport", transport)
+        validation.text("routing_key", routing_key, max_len=512)
         size = pagination.page_size(page_size)
         filters = [agent, status, transport]
+        if routing_key:  # tokens issued before the filter existed stay valid without it
+            filters.append(routing_key)
         position = pagination.position_of(page_token, filters, int)
         before = position[0] if position else None
 
         def op() -> tuple[list[Session], str]:
-            if self.store.agent_index(agent) is None:
+            if agent and self.store.agent_index(agent) is None:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {agent!r} does not exist")
-            rows = self.store.list_sessions(agent, status, transport, before, size + 1)
+            rows = self.store.list_sessions(agent, status, transport, before, size + 1, routing_key)
             more = len(rows) > size
             rows = rows[:size]
             sessions = [self.core.summary(row.session_id, row) for row in rows]
@@ -119,20 +131,45 @@ class SessionReads:
         # the two statements cannot hand back rows the sizes did not count.
         return await self.runner.read(op, consistent=True)
 
-    async def state(self, agent: str, session_id: str) -> tuple[SessionState, Agent]:
+    async def state(
+        self, agent: str, session_id: str, at_sequence: int = 0
+    ) -> tuple[SessionState, Agent]:
+        """The session's and its agent's states now, or as of `at_sequence`: the fold
+        of their events active now, up to it."""
         agent_name("agent", agent)
         checked_session_id(session_id)
+        validation.int64("at_sequence", at_sequence)
+        until = at_sequence or None
 
         def op() -> tuple[SessionState, Agent]:
             self.core.session_of(agent, session_id)
-            state = self.store.session_state(session_id)
-            owner = self.store.agent_state(agent)
-            assert state is not None and owner is not None
+            if until is not None:
+                self._check_retained(until)
+            state = self.store.session_state(session_id, until)
+            owner = self.store.agent_state(agent, until)
+            if state is None or state.session is None or owner is None:
+                raise NotFound(
+                    "SESSION_NOT_FOUND",
+                    f"session {session_id!r} had no active event at or before sequence {until}",
+                )
             return state, owner
 
         # A snapshot and the events after it, twice: a rewind committed between them
         # would fold a snapshot it abandoned with the events it left.
         return await self.runner.read(op, consistent=True)
+
+    def _check_retained(self, sequence: int) -> None:
+        head = self.store.head()
+        if sequence > head:
+            raise OutOfRange(
+                "SEQUENCE_AHEAD_OF_LOG", f"sequence {sequence} is past the log head {head}"
+            )
+        retained = self.store.retained_from()
+        if sequence < retained:
+            raise OutOfRange(
+                "REWIND_BEYOND_RETENTION",
+                f"sequence {sequence} is below the retained log, which starts at {retained}",
+            )
 
     async def snapshot(self, agent: str, session_id: str) -> int:
         agent_name("agent", agent)

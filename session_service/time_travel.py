@@ -139,29 +139,38 @@ class TimeTravel:
     # -- moving the log ---------------------------------------------------------------------
 
     async def rewind(
-        self, sequence: int | None, checkpoint: str, preview: bool = False, empty_log: bool = False
+        self,
+        sequence: int | None,
+        checkpoint: str,
+        preview: bool = False,
+        empty_log: bool = False,
+        principal: str = "",
     ) -> Move:
         """Abandons everything after the target. Nothing to abandon: nothing is
         written and the answer says so (`Move.unchanged`). Target sequence 0 needs
-        `empty_log` (see `_checked_target`)."""
+        `empty_log` (see `_checked_target`). `principal`: who asked, kept in the record."""
         if sequence is None and not checkpoint:
             raise InvalidArgument("target", "give a sequence or a checkpoint label")
         _checked_target(sequence, empty_log, "rewind to")
         if checkpoint:
             _checked_label("checkpoint", checkpoint)
         plan = functools.partial(self._rewind_plan, sequence, checkpoint)
-        return await self._run(plan, checkout=False, checkpoint=checkpoint, preview=preview)
+        record = Rewound(checkpoint=checkpoint, principal=principal)
+        return await self._run(plan, record, preview=preview)
 
-    async def checkout(self, sequence: int, preview: bool = False, empty_log: bool = False) -> Move:
-        """Sequence 0 needs `empty_log` (see `_checked_target`)."""
+    async def checkout(
+        self, sequence: int, preview: bool = False, empty_log: bool = False, principal: str = ""
+    ) -> Move:
+        """Sequence 0 needs `empty_log` (see `_checked_target`). `principal`: who asked,
+        kept in the record."""
         _checked_target(sequence, empty_log, "check out")
         plan = functools.partial(self._checkout_plan, sequence)
-        return await self._run(plan, checkout=True, checkpoint="", preview=preview)
+        return await self._run(plan, Rewound(checkout=True, principal=principal), preview=preview)
 
     def rewind_within(self, now: float, sequence: int) -> Move:
         """A rewind inside the caller's write transaction (for building long logs)."""
         plan = functools.partial(self._rewind_plan, sequence, "")
-        return self._moved(now, plan, checkout=False, checkpoint="")
+        return self._moved(now, plan, Rewound())
 
     def _rewind_plan(self, sequence: int | None, checkpoint: str) -> tuple[int, Changes]:
         target = sequence
@@ -192,13 +201,10 @@ class TimeTravel:
         return sequence, changes(before, after)
 
     async def _run(
-        self,
-        plan: Callable[[], tuple[int, Changes]],
-        *,
-        checkout: bool,
-        checkpoint: str,
-        preview: bool,
+        self, plan: Callable[[], tuple[int, Changes]], record: Rewound, *, preview: bool
     ) -> Move:
+        """`record`: the rewind record to log, but for its target (the plan's)."""
+
         def look() -> Move:
             target, planned = plan()
             return _answer(target, self._effects(planned), record=None)
@@ -207,24 +213,17 @@ class TimeTravel:
             previewed: Move = await self.core.runner.read(look)
             return previewed
         moved: Move = await self.core.write(
-            functools.partial(self._moved, plan=plan, checkout=checkout, checkpoint=checkpoint)
+            functools.partial(self._moved, plan=plan, record=record)
         )
         return moved
 
-    def _moved(
-        self,
-        now: float,
-        plan: Callable[[], tuple[int, Changes]],
-        *,
-        checkout: bool,
-        checkpoint: str,
-    ) -> Move:
+    def _moved(self, now: float, plan: Callable[[], tuple[int, Changes]], record: Rewound) -> Move:
         target, planned = plan()
         effects = self._effects(planned)
         if not any(effect.counted for effect in effects):
             return _answer(target, effects, record=None)
-        record = self._move(now, target, planned, effects, checkout, checkpoint)
-        return _answer(target, effects, record=record)
+        logged = self._move(now, replace(record, to_sequence=target), planned, effects)
+        return _answer(target, effects, record=logged)
 
     def _check_reachable(self, target: int) -> None:
         head = self.store.head()
@@ -266,17 +265,10 @@ class TimeTravel:
         return [found[key] for key in sorted(found)]
 
     def _move(
-        self,
-        now: float,
-        target: int,
-        planned: Changes,
-        effects: list[EntityEffect],
-        checkout: bool,
-        checkpoint: str,
+        self, now: float, rewound: Rewound, planned: Changes, effects: list[EntityEffect]
     ) -> Event:
-        record = Event(body=Rewound(to_sequence=target, checkout=checkout, checkpoint=checkpoint))
-        [logged] = self.store.append([record], now)
-        self.store.add_rewind(logged.sequence, target)
+        [logged] = self.store.append([Event(body=rewound)], now)
+        self.store.add_rewind(logged.sequence, rewound.to_sequence)
         for first, last in planned.abandoned:
             self.store.mark(first, last, active=False)
         for first, last in planned.restored:

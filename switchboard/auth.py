@@ -48,6 +48,7 @@ ADMIN_ONLY = frozenset(
         "AbandonObligation",
         "GetLedgerStats", "HandOverObligations",
         "ListInstances",  # every principal's gateway instances
+        "RecordOperatorAction",  # the global log's audit trail
     }
 )  # fmt: skip
 #: Request fields that name an agent; every one present must be in the token's scope.
@@ -314,6 +315,11 @@ class AuthInterceptor(WrappingInterceptor):
         if name == "WatchEvents" and not request.agent:
             raise PermissionDenied(
                 "AGENT_SCOPE", "name the agent to watch: this token is scoped to agents"
+            )
+        if name == "ListSessions" and not request.agent:
+            raise PermissionDenied(
+                "AGENT_SCOPE",
+                "name the agent whose sessions to list: this token is scoped to agents",
             )
         outside = sorted(_agents_named(request) - grant.agents)
         if outside:

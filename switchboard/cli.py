@@ -412,6 +412,19 @@ def _relog(ctx: click.Context, log_level: str | None, log_format: str | None) ->
     help="Do not migrate the schema at start: refuse to start when it is behind "
     "(then run `switchboard db migrate`).",
 )
+@click.option(
+    "--console-listen",
+    default="",
+    envvar="SWITCHBOARD_CONSOLE_LISTEN",
+    help="host:port for the operator console beside the services (`serve all` only; "
+    "off when empty). See `switchboard console`.",
+)
+@click.option(
+    "--console-read-only",
+    is_flag=True,
+    envvar="SWITCHBOARD_CONSOLE_READ_ONLY",
+    help="The console of --console-listen refuses every write.",
+)
 def serve(
     which: str,
     data_dir: Path,
@@ -451,8 +464,12 @@ def serve(
     tls_key: Path | None,
     tls_client_ca: Path | None,
     no_migrate: bool,
+    console_listen: str,
+    console_read_only: bool,
 ) -> None:
     """Run the services until SIGTERM or Ctrl-C (then drain and exit 0)."""
+    if console_listen and which != "all":
+        raise click.UsageError("--console-listen needs both services: `serve all`")
     _relog(click.get_current_context(), log_level, log_format)
     from delivery_service.app import DeliveryUnit
     from delivery_service.state_machine import LedgerLimits
@@ -556,7 +573,65 @@ def serve(
             click.echo(f"switchboard: {name} listening on {app.address} ({urls[id(app)]})")
         click.echo("switchboard: ready; Ctrl-C or SIGTERM drains and stops")
 
-    asyncio.run(serve_until_signalled(apps, announce))
+    if not console_listen:
+        asyncio.run(serve_until_signalled(apps, announce))
+        return
+    from switchboard_console.server import serve_with_console
+
+    asyncio.run(
+        serve_with_console(
+            apps,
+            announce,
+            console_listen,
+            console_read_only,
+            lambda url: click.echo(f"switchboard: console on {url}"),
+        )
+    )
+
+
+@main.command()
+@click.option(
+    "--session",
+    "session_address",
+    default=DEFAULT_SESSION_LISTEN,
+    envvar="SWITCHBOARD_SESSION_ADDRESS",
+    show_default=True,
+    help="The SessionService's host:port.",
+)
+@click.option(
+    "--delivery",
+    "delivery_address",
+    default=DEFAULT_DELIVERY_LISTEN,
+    envvar="SWITCHBOARD_DELIVERY_ADDRESS",
+    show_default=True,
+    help="The DeliveryService's host:port.",
+)
+@click.option(
+    "--listen",
+    default="127.0.0.1:8233",
+    envvar="SWITCHBOARD_CONSOLE_LISTEN",
+    show_default=True,
+    help="host:port the console serves on (loopback unless told otherwise).",
+)
+@click.option(
+    "--read-only",
+    is_flag=True,
+    envvar="SWITCHBOARD_CONSOLE_READ_ONLY",
+    help="Refuse every write (rewinds, checkouts, delivery actions).",
+)
+def console(session_address: str, delivery_address: str, listen: str, read_only: bool) -> None:
+    """Serve the operator console: a web UI over the two services, as one more client.
+
+    It asks each operator for a token and calls the services with it."""
+    from switchboard_console.server import run, split_listen
+    from switchboard_console.web import ConsoleSettings
+
+    try:
+        split_listen(listen)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--listen") from exc
+    settings = ConsoleSettings(session_address, delivery_address, listen, read_only)
+    run(settings, lambda url: click.echo(f"switchboard: console on {url}", err=False))
 
 
 @main.group()

@@ -80,6 +80,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "Checkout": ADMIN_ONLY,
     "TruncateLog": ADMIN_ONLY,
     "ListLogEvents": ADMIN_ONLY,
+    "RecordOperatorAction": ADMIN_ONLY,
     "ForkSession": FOR_ITS_AGENTS,
     "Delegate": FOR_ITS_AGENTS,
     "SendToPeer": FOR_ITS_AGENTS,
@@ -100,6 +101,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "ClaimRecoverable": FILTERED,
     "GetObligation": ITS_AGENTS_ROWS,
     "ListObligations": FILTERED,
+    "CountObligations": FILTERED,
     "RetryObligation": ADMIN_ONLY,
     "AbandonObligation": ADMIN_ONLY,
     "GetLedgerStats": ADMIN_ONLY,
@@ -362,6 +364,15 @@ def _listed_rows(world: World, owner: str, principal: str) -> Cell:
     )
 
 
+def _counted_rows(world: World, owner: str, principal: str) -> Cell:
+    row, _ = world.obligation_of(owner)
+    request = dpb.CountObligationsRequest(session_key=row.session_key)
+    return Cell(
+        lambda metadata: world.delivery.CountObligations(request, metadata=metadata),
+        lambda answer: answer.count == 1,
+    )
+
+
 def _listed_instances(world: World, owner: str, principal: str) -> Cell:
     instance_id = world.instance_of(owner, f"gw-{owner}")
     request = dpb.ListInstancesRequest(gateway_name=f"gw-{owner}", page_size=1000)
@@ -439,6 +450,10 @@ BUILDERS: dict[str, Builder] = {
     "Checkout": _travel("Checkout"),
     "TruncateLog": _plain("TruncateLog", lambda w, o: pb.TruncateLogRequest(below_sequence=1)),
     "ListLogEvents": _plain("ListLogEvents", lambda w, o: pb.ListLogEventsRequest(agent=o)),
+    "RecordOperatorAction": _plain(
+        "RecordOperatorAction",
+        lambda w, o: pb.RecordOperatorActionRequest(action="test.matrix", subject=o),
+    ),
     "ForkSession": _session_cell("ForkSession"),
     "Delegate": _session_cell("Delegate"),
     "SendToPeer": _session_cell("SendToPeer"),
@@ -463,6 +478,7 @@ BUILDERS: dict[str, Builder] = {
     "ClaimRecoverable": _claimed,
     "GetObligation": _row_request("GetObligation"),
     "ListObligations": _listed_rows,
+    "CountObligations": _counted_rows,
     "RetryObligation": _row_request("RetryObligation", failed_first=True),
     "AbandonObligation": _row_request("AbandonObligation", reason="operator test"),
     "GetLedgerStats": _plain(

@@ -101,6 +101,7 @@ def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) 
         _drop_active_markers(database)
         _drop_storage_formats(database)
         _drop_sealed_targets(database)
+        _drop_listing_indexes(database)
 
 
 def _drop_sealed_targets(database: Any) -> None:
@@ -108,6 +109,12 @@ def _drop_sealed_targets(database: Any) -> None:
     migrate(
         SchemaMigrator.from_database(database).drop_column("ledger_obligation", "sealed_target")
     )
+
+
+def _drop_listing_indexes(database: Any) -> None:
+    """Session rows as they were before every agent's sessions were listed (migration 7)."""
+    for index in ("session_session_created_seq", "session_session_routing_key"):
+        database.execute_sql(f"DROP INDEX IF EXISTS {index}")
 
 
 def _drop_storage_formats(database: Any) -> None:

@@ -59,7 +59,8 @@ def read_sessions(stub: spb_grpc.SessionServiceStub, head: int) -> dict[str, Any
         for session in sessions:
             sid = session.session_id
             key = {"agent": name, "session_id": sid}
-            state = stub.GetSessionState(spb.GetSessionStateRequest(**key), timeout=TIMEOUT_S)
+            state_request = spb.GetSessionStateRequest(agent=name, session_id=sid)
+            state = stub.GetSessionState(state_request, timeout=TIMEOUT_S)
             read["agents"][name]["sessions"][sid] = {
                 "session": as_dict(stub.GetSession(spb.GetSessionRequest(**key)).session),
                 "listed": as_dict(session),
