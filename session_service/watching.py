@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -234,7 +235,10 @@ class Watching:
                 self._wake = asyncio.Event()
                 self._head = await self.runner.read(self.store.head)
                 self._listen(loop)
-                self._tailer = loop.create_task(self._tail())
+                # In a context of its own: the tailer serves every watcher, so it must not
+                # carry the first caller's deadline (`CALL_DEADLINE`), principal or request
+                # id; with that deadline, every read after it passed would fail.
+                self._tailer = loop.create_task(self._tail(), context=contextvars.Context())
             return self._head
 
     async def _tail(self) -> None:
