@@ -8,7 +8,9 @@ and otherwise every `poll_s` (the fallback, which also recovers from database fa
 
 A new watcher first registers at the tailer's position H (so live events after H are
 queued for it from then on), then catches up from the database in pages bounded by
-bytes up to H, then drains its queue: no gap, no duplicate. While it catches up, a
+bytes up to H, then drains its queue: no gap, no duplicate. A watcher whose
+`after_sequence` is past H registers there instead, and is sent nothing until the log
+passes it (it said it had seen everything up to it). While it catches up, a
 queue that overflows is dropped and its catch-up target moved, so catching up never
 fails. Once live, a watcher whose queue would pass its bound (events or bytes) is
 ended ABORTED with reason WATCHER_TOO_SLOW and `resume_after_sequence` in its ErrorInfo
@@ -160,7 +162,7 @@ class Watching:
             # A session the caller cannot see is NOT_FOUND at once, as on every other
             # call (another agent's session too), rather than a silent stream.
             await self.runner.read(lambda: self.watchable(agent, session_id))
-        watcher = await self._subscribe(agent, session_id)
+        watcher = await self._subscribe(after, agent, session_id)
         watcher.sent = after
         try:
             async for event in self._caught_up(watcher):
@@ -194,7 +196,7 @@ class Watching:
             if not more:
                 watcher.sent = max(watcher.sent, until)
 
-    async def _subscribe(self, agent: str, session_id: str) -> _Watcher:
+    async def _subscribe(self, after: int, agent: str, session_id: str) -> _Watcher:
         if len(self._watchers) >= self.limits.max_watchers:
             raise ResourceExhausted(
                 "TOO_MANY_WATCHERS",
@@ -203,7 +205,9 @@ class Watching:
                 {"max_watchers": str(self.limits.max_watchers)},
             )
         head = await self._started()
-        watcher = _Watcher(agent, session_id, head, self.limits)
+        # A caller past the head (it saw those events through another replica, or asks
+        # for the future) has seen everything up to `after`: it waits for what follows.
+        watcher = _Watcher(agent, session_id, max(head, after), self.limits)
         self._watchers.add(watcher)
         for index in self._indexes_of(watcher):
             index.add(watcher)
