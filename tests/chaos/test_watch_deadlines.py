@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import grpc
 import pytest
@@ -33,7 +34,7 @@ DELIVERY_BOUND_S = 15.0
 class _Collected:
     """A WatchEvents stream read on a thread of its own: its sequences and how it ended."""
 
-    def __init__(self, stream: grpc.Future) -> None:
+    def __init__(self, stream: Any) -> None:
         self.stream = stream
         self.sequences: list[int] = []
         self.ended: grpc.StatusCode | None = None
@@ -53,8 +54,11 @@ class _Collected:
 
 
 @contextmanager
-def _watching(stub: pb_grpc.SessionServiceStub, after: int, **call: float) -> Iterator[_Collected]:
-    collected = _Collected(stub.WatchEvents(pb.WatchEventsRequest(after_sequence=after), **call))
+def _watching(
+    stub: pb_grpc.SessionServiceStub, after: int, timeout: float | None = None
+) -> Iterator[_Collected]:
+    request = pb.WatchEventsRequest(after_sequence=after)
+    collected = _Collected(stub.WatchEvents(request, timeout=timeout))
     try:
         yield collected
     finally:
