@@ -216,6 +216,21 @@ def storage_formats(schema: Schema) -> None:
         schema.run(schema.migrator.add_column(table, "format", column))
 
 
+class VersionFloorV7(peewee.Model):
+    entity = peewee.CharField(max_length=200, primary_key=True)
+    version = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_version_floor"
+
+
+def version_floors(schema: Schema) -> None:
+    """Versions of agents and sessions whose events a truncation deleted are kept, so that
+    an id created again never repeats one. Nothing to backfill: what was truncated before
+    is gone (such an id may still repeat a version it had before this migration)."""
+    schema.create_tables(VersionFloorV7)
+
+
 MIGRATIONS = (
     baseline,
     request_records,
@@ -223,6 +238,7 @@ MIGRATIONS = (
     active_markers,
     fork_lineage,
     storage_formats,
+    version_floors,
 )
 
 SESSION_SCHEMA = Component(
