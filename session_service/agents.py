@@ -95,7 +95,9 @@ class Agents:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
             return agent
 
-        return await self.runner.read(op)
+        # A snapshot and the events after it: a rewind committed between the two would
+        # pair a version of the new branch with memory of the abandoned one.
+        return await self.runner.read(op, consistent=True)
 
     async def list_agents(
         self, include_archived: bool, page_size: int, page_token: str

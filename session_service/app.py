@@ -74,7 +74,8 @@ class SessionUnit:
 
     def gauges(self) -> Iterable[Metric]:
         """Log gauges for Prometheus, read at scrape time."""
-        head, lag = self.runner.submit_read(self.store.head_and_snapshot_lag).result(timeout=10)
+        lag_and_head = self.runner.submit_read(self.store.head_and_snapshot_lag, consistent=True)
+        head, lag = lag_and_head.result(timeout=10)
         yield GaugeMetricFamily(
             "switchboard_log_head_sequence", "The newest sequence of the global log.", value=head
         )

@@ -79,7 +79,9 @@ class LogReads:
             last = found[-1][0].sequence if found else 0
             return found, pagination.encode([last], filters) if more else ""
 
-        return await self.core.runner.read(op)
+        # The rows' sizes, the rows that fit, which are abandoned: a move committed
+        # between them would hand back a page no state of the log had.
+        return await self.core.runner.read(op, consistent=True)
 
     async def checkpoints(self, page_size: int, page_token: str) -> tuple[list[Checkpoint], str]:
         """A page of checkpoints, oldest first, and the next page's token."""

@@ -59,7 +59,8 @@ class SessionReads:
             token = pagination.encode([rows[-1].created_seq], filters) if more else ""
             return sessions, token
 
-        return await self.runner.read(op)
+        # The agent's row, then its sessions': as one state (a rewind may undo both).
+        return await self.runner.read(op, consistent=True)
 
     async def history(
         self,
