@@ -231,6 +231,19 @@ def version_floors(schema: Schema) -> None:
     schema.create_tables(VersionFloorV7)
 
 
+class SharedSettingV8(peewee.Model):
+    name = peewee.CharField(max_length=128, primary_key=True)
+    value = peewee.TextField()
+
+    class Meta:
+        table_name = "session_shared_setting"
+
+
+def shared_settings(schema: Schema) -> None:
+    """The settings every replica must agree on (`switchboard.shared_settings`)."""
+    schema.create_tables(SharedSettingV8)
+
+
 MIGRATIONS = (
     baseline,
     request_records,
@@ -239,6 +252,7 @@ MIGRATIONS = (
     fork_lineage,
     storage_formats,
     version_floors,
+    shared_settings,
 )
 
 SESSION_SCHEMA = Component(
