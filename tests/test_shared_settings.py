@@ -53,6 +53,9 @@ def test_a_replica_whose_shared_settings_differ_refuses_to_start_unless_told(
         ):
             assert named in output, output
         assert "stale_after" not in output, "a setting that agrees was reported"
+        code, output = start_refused(database_url, tmp_path, "--request-id-window", "2")
+        assert code != 0 and "listening on" not in output, output
+        assert "delivery.request_id_window_s (--request-id-window): this replica 2, " in output
 
         adopting = ServerProcess(
             database_url, tmp_path, "--max-attempts", "1", "--on-settings-mismatch", "adopt"
