@@ -450,8 +450,9 @@ class LogStore:
         it): created again, it must start above them (`highest_version`)."""
         undone = self.database.execute_sql(
             self._sql(
-                "SELECT DISTINCT agent, session_id FROM session_log AS l "
-                "WHERE seq < ? AND kind <> 'rewound' AND CASE WHEN session_id IS NULL "
+                "SELECT agent, session_id FROM (SELECT DISTINCT agent, session_id "
+                "FROM session_log WHERE seq < ? AND kind <> 'rewound') AS l "
+                "WHERE CASE WHEN session_id IS NULL "
                 "THEN NOT EXISTS (SELECT 1 FROM session_agent WHERE name = l.agent) "
                 "ELSE NOT EXISTS (SELECT 1 FROM session_session AS s "
                 "WHERE s.session_id = l.session_id) END"
