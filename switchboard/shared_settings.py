@@ -12,7 +12,13 @@ refuses to start: an operator who meant the change says so with
 
 Refusing is the default because the alternatives hide a mistake: adopting
 silently ignores the flag an operator just set; overwriting silently changes
-the policy under replicas still running with the old values.
+the policy under replicas still running with the old values. A setting that
+names a secret (the SessionService's PII key, stored as a digest) cannot be
+adopted at all: the replica lacks the secret, so `adopt` refuses on it too.
+
+Each service keeps its settings in a table of its own (`switchboard_shared_setting`
+for the DeliveryService, `session_shared_setting` for the SessionService), so that
+either may have a database to itself.
 """
 
 from __future__ import annotations
