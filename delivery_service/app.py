@@ -31,7 +31,9 @@ WRITTEN_TABLES = ("ledger_obligation", "ledger_instance", LEDGER_REQUESTS)
 def agreed_limits(backend: Backend, limits: LedgerLimits, policy: SettingsMismatch) -> LedgerLimits:
     """The limits every replica on the database must share, checked against the
     stored ones (see `switchboard.shared_settings`); the content cap and claim
-    size are per call, so replicas may differ on them during a rollout."""
+    size are per call, so replicas may differ on them during a rollout. The
+    request-id window is shared too: a replica with a shorter one would run again
+    retries the others answer, and its pruning would delete their records."""
     agreed = SharedSettings(backend).agree(
         shared(
             {
@@ -40,6 +42,7 @@ def agreed_limits(backend: Backend, limits: LedgerLimits, policy: SettingsMismat
                 "retention_s": ("--retention", limits.retention_s),
                 "lease_ttl_s": ("--lease-ttl", limits.lease_ttl_s),
                 "backoff_s": ("--backoff", list(limits.backoff_s)),
+                "request_id_window_s": ("--request-id-window", limits.request_id_window_s),
             },
             "delivery",
         ),
@@ -52,6 +55,7 @@ def agreed_limits(backend: Backend, limits: LedgerLimits, policy: SettingsMismat
         retention_s=float(agreed["delivery.retention_s"]),
         lease_ttl_s=float(agreed["delivery.lease_ttl_s"]),
         backoff_s=tuple(float(step) for step in agreed["delivery.backoff_s"]),
+        request_id_window_s=float(agreed["delivery.request_id_window_s"]),
     )
 
 

@@ -7,6 +7,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import replace
 from fnmatch import fnmatchcase
+from functools import partial
 
 from session_service import convert, permissions, replay, storage_format
 from session_service.checks import MAX_AGENT_BYTES, agent_name, checked_agent
@@ -95,7 +96,9 @@ class Agents:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
             return agent
 
-        return await self.runner.read(op)
+        # A snapshot and the events after it: a rewind committed between the two would
+        # pair a version of the new branch with memory of the abandoned one.
+        return await self.runner.read(op, consistent=True)
 
     async def list_agents(
         self, include_archived: bool, page_size: int, page_token: str
@@ -104,14 +107,22 @@ class Agents:
         position = pagination.position_of(page_token, [include_archived], str)
         after = position[0] if position else ""
 
-        def op() -> tuple[list[Agent], str]:
+        def op(may_fold: bool = True) -> tuple[list[Agent], str] | None:
             rows = self.store.list_agents(after, size + 1, include_archived)
             more = len(rows) > size
+            if not may_fold and any(row.summary is None for row in rows[:size]):
+                return None
             agents = [self.agent_summary_of(row) for row in rows[:size]]
             token = pagination.encode([agents[-1].name], [include_archived]) if more else ""
             return agents, token
 
-        return await self.runner.read(op)
+        # One statement, the page of rows, in the common case; rows without a summary yet
+        # (written by a release before session migration 4) are folded from snapshots and
+        # events, read again in one snapshot.
+        found = await self.runner.read(partial(op, may_fold=False))
+        folded = found or await self.runner.read(op, consistent=True)
+        assert folded is not None
+        return folded
 
     async def update_agent(self, agent: Agent, mask: Sequence[str]) -> Agent:
         """`mask`: the update mask's paths."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 
 import grpc
 from prometheus_client.core import GaugeMetricFamily
@@ -15,10 +18,11 @@ from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
 from session_service.servicer import SessionServicer
 from switchboard import migrations
-from switchboard.database import DatabaseSettings, open_backend
+from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
 from switchboard.idempotency import SESSION_REQUESTS, RequestStore
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
+from switchboard.shared_settings import SESSION_SETTINGS, Shared, SharedSettings
 
 SERVICE_NAME = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 log = logging.getLogger(__name__)
@@ -27,6 +31,45 @@ log = logging.getLogger(__name__)
 WRITTEN_TABLES = (
     "session_log_head", "session_log", "session_session", "session_agent", SESSION_REQUESTS,
 )  # fmt: skip
+
+#: The stored PII key name of replicas without a key (ids hashed unkeyed).
+NO_PII_KEY = "none"
+
+
+def pii_key_id(key: bytes | None) -> str:
+    """Names the PII key without giving it away (a keyed digest of a constant), so that
+    replicas can tell whether they hash ids alike."""
+    if key is None:
+        return NO_PII_KEY
+    return hmac.new(key, b"switchboard pii key id", hashlib.sha256).hexdigest()[:16]
+
+
+def agreed_limits(
+    backend: Backend, limits: SessionLimits, pii_key: bytes | None, policy: SettingsMismatch
+) -> SessionLimits:
+    """The settings every replica on the database must share, checked against the stored
+    ones (see `switchboard.shared_settings`): the request-id window (a replica with a
+    shorter one runs again retries the others would answer, and its pruning deletes
+    their records) and the PII key (replicas with different keys route one person's
+    conversation to two sessions, and refuse each other's retries as REQUEST_ID_REUSED,
+    the fingerprints being keyed). The rest of `SessionLimits` is per replica: snapshot
+    cadence only changes how often a cache row is written, and the content cap, watcher
+    bounds and poll interval bound one process's own calls and memory."""
+    agreed = SharedSettings(backend, SESSION_SETTINGS).agree(
+        [
+            Shared(
+                "session.request_id_window_s", "--request-id-window", limits.request_id_window_s
+            ),
+            Shared(
+                "session.pii_key_id",
+                "--pii-key-file or SWITCHBOARD_PII_KEY",
+                pii_key_id(pii_key),
+                adoptable=False,
+            ),
+        ],
+        policy,
+    )
+    return replace(limits, request_id_window_s=float(agreed["session.request_id_window_s"]))
 
 
 class SessionUnit:
@@ -45,13 +88,16 @@ class SessionUnit:
         """`migrate`: apply pending schema migrations (off: refuse to start when behind).
         `pii_key`: the secret that hashes the ids of agents with `redact_pii` (None:
         unkeyed, warned about). Raises `switchboard.migrations.SchemaError` when the
-        schema cannot be used, `pii.PiiKeyRefused` for a key too short."""
-        self.limits = limits or SessionLimits()
+        schema cannot be used, `pii.PiiKeyRefused` for a key too short,
+        `switchboard.shared_settings.SettingsDisagree` when the shared settings differ
+        from the database's (per `database.on_settings_mismatch`)."""
         redactor = pii.Redactor(pii_key)
         if not redactor.keyed:
             log.warning(pii.UNKEYED_WARNING)
         backend = open_backend(database)
         migrations.prepare(backend, SESSION_SCHEMA, migrate_behind=migrate)
+        wanted = limits or SessionLimits()
+        self.limits = agreed_limits(backend, wanted, pii_key, database.on_settings_mismatch)
         self.store = LogStore(backend)
         self.runner = TransactionRunner(
             backend, database, begin_write=self.store.lock_log, written_tables=WRITTEN_TABLES
@@ -81,7 +127,8 @@ class SessionUnit:
 
     def gauges(self) -> Iterable[Metric]:
         """Log gauges for Prometheus, read at scrape time."""
-        head, lag = self.runner.submit_read(self.store.head_and_snapshot_lag).result(timeout=10)
+        lag_and_head = self.runner.submit_read(self.store.head_and_snapshot_lag, consistent=True)
+        head, lag = lag_and_head.result(timeout=10)
         yield GaugeMetricFamily(
             "switchboard_log_head_sequence", "The newest sequence of the global log.", value=head
         )

@@ -80,7 +80,8 @@ class Continuity:
             # Judged on the database's clock, as the writes that expire them are.
             return self._interrupted(agent, self.core.store.backend.now())
 
-        return await self.core.runner.read(op)
+        # The agent's settings (its snapshot and events) and the marked sessions' rows.
+        return await self.core.runner.read(op, consistent=True)
 
     async def expire_resumable(self, agent: str) -> list[Session]:
         """Resets the agent's stale interrupted sessions, in one transaction; answers

@@ -96,7 +96,7 @@ class Conversations:
                 index = self.core.open_session_of(agent, session_id)
                 return self.core.summary(session_id, index), False
 
-            return await self.runner.read(join)
+            return await self.runner.read(join, consistent=True)  # the agent's row, the session's
         routing.checked_source(source)
 
         def op(now: float) -> tuple[Session, bool]:

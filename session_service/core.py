@@ -4,6 +4,9 @@ watchers it wakes, the session rows every part reads, and personal ids.
 Every change is a typed event appended to the global log by `Core.log`, which
 also keeps the projections (agent and session index rows, routes) in the same
 transaction through `Projection.project`, the one function a rebuild replays too.
+A read whose answer takes more than one statement runs them in one read snapshot
+(`TransactionRunner.read(..., consistent=True)`): a rewind committed between two of
+them would otherwise pair parts of two states (a version with another branch's memory).
 """
 
 from __future__ import annotations

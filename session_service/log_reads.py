@@ -98,7 +98,9 @@ class LogReads:
             token = pagination.encode([edge], filters) if more else ""
             return LogPage(found, token, self.store.head(), self.store.retained_from())
 
-        return await self.core.runner.read(op)
+        # The rows' sizes, the rows that fit, which are abandoned: a move committed
+        # between them would hand back a page no state of the log had.
+        return await self.core.runner.read(op, consistent=True)
 
     async def checkpoints(
         self, page_size: int, page_token: str, min_sequence: int = 0

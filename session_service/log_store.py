@@ -171,6 +171,18 @@ class LineageRow(peewee.Model):
         primary_key = peewee.CompositeKey("session_id", "ancestor_id")
 
 
+class VersionFloorRow(peewee.Model):
+    """The highest version an agent or session had when `TruncateLog` deleted its events
+    while no projection row kept its version (a rewind had undone it): what
+    `LogStore.highest_version` can no longer read from the log."""
+
+    entity = peewee.CharField(max_length=200, primary_key=True)  # as a snapshot's
+    version = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_version_floor"
+
+
 @dataclass(frozen=True)
 class SessionIndex:
     """A session's projection row: what routing, lists and version checks read."""
@@ -277,9 +289,10 @@ class LogStore:
         self.Checkpoint = bind_model(CheckpointRow, self.database)
         self.Retention = bind_model(RetentionRow, self.database)
         self.Lineage = bind_model(LineageRow, self.database)
+        self.VersionFloor = bind_model(VersionFloorRow, self.database)
         self.models = (
             self.Head, self.Event, self.Agent, self.Session, self.Route, self.Snapshot,
-            self.Rewind, self.Checkpoint, self.Retention, self.Lineage,
+            self.Rewind, self.Checkpoint, self.Retention, self.Lineage, self.VersionFloor,
         )  # fmt: skip
         self._q = self.database.param
         self._select_session, self._upsert_session = self._row_sql(
@@ -440,6 +453,7 @@ class LogStore:
         return blocking
 
     def truncate_below(self, seq: int) -> int:
+        self._keep_versions_of_undone_below(seq)
         deleted = (
             self.Event.delete()
             .where((self.Event.seq < seq) & self.Event.kind.not_in(LOG_RECORD_KINDS))
@@ -447,6 +461,29 @@ class LogStore:
         )
         self.Retention.update(retained_from=seq).where(self.Retention.id == 1).execute()
         return int(deleted)
+
+    def _keep_versions_of_undone_below(self, seq: int) -> None:
+        """Records the highest version of each agent and session whose events below `seq`
+        are about to be deleted and whose version no projection row keeps (a rewind undid
+        it): created again, it must start above them (`highest_version`)."""
+        undone = self.database.execute_sql(
+            self._sql(
+                "SELECT agent, session_id FROM (SELECT DISTINCT agent, session_id "
+                "FROM session_log WHERE seq < ? AND kind <> 'rewound') AS l "
+                "WHERE CASE WHEN session_id IS NULL "
+                "THEN NOT EXISTS (SELECT 1 FROM session_agent WHERE name = l.agent) "
+                "ELSE NOT EXISTS (SELECT 1 FROM session_session AS s "
+                "WHERE s.session_id = l.session_id) END"
+            ),
+            [seq],
+        ).fetchall()
+        for agent, session_id in undone:
+            entity = session_entity(session_id) if session_id else agent_entity(agent)
+            version = self.highest_version(entity)  # the floor's old value included
+            self.VersionFloor.insert(entity=entity, version=version).on_conflict(
+                conflict_target=[self.VersionFloor.entity],
+                update={self.VersionFloor.version: version},
+            ).execute()
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -582,30 +619,36 @@ class LogStore:
         return events, len(rows) > len(events)
 
     def highest_version(self, entity: str) -> int:
-        """The highest version the agent or session ever had, on any branch: 0 for one
-        never logged. New versions start above it, so that none ever repeats."""
+        """The highest version the agent or session ever had, on any branch, truncated
+        ones included: 0 for one never logged. New versions start above it, so that
+        none ever repeats."""
         kind, where, key = _entity_filter(entity)
         index = self.agent_index(key) if kind == "agent" else self.session_index(key)
         projected = 0 if index is None else index.version
+        # The version floor a truncation left, beside the newest event: one statement.
         row = self.database.execute_sql(
             self._sql(
-                f"SELECT format, payload FROM session_log WHERE {where} ORDER BY seq DESC LIMIT 1"
+                "SELECT f.version, n.format, n.payload FROM (SELECT 1 AS one) AS o "
+                "LEFT JOIN session_version_floor AS f ON f.entity = ? LEFT JOIN "
+                f"(SELECT format, payload FROM session_log WHERE {where} "
+                "ORDER BY seq DESC LIMIT 1) AS n ON 1 = 1"
             ),
-            [key],
+            [entity, key],
         ).fetchone()
-        if row is None:
-            return projected
+        known = max(projected, int(row[0] or 0))
+        if row[1] is None:
+            return known
         # Every new version is above all earlier ones: the newest event has the highest.
-        newest = storage_format.decode_event(int(row[0]), row[1])
+        newest = storage_format.decode_event(int(row[1]), row[2])
         if kind == "session":
-            return max(projected, newest.session_version)
+            return max(known, newest.session_version)
         if newest.agent_version:
-            return max(projected, newest.agent_version)
+            return max(known, newest.agent_version)
         # Logged before agent versions were recorded, when each event counted one.
         count = self.database.execute_sql(
             self._sql(f"SELECT COUNT(*) FROM session_log WHERE {where}"), [key]
         ).fetchone()[0]
-        return max(projected, int(count))
+        return max(known, int(count))
 
     def entity_events(
         self,

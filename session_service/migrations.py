@@ -226,6 +226,34 @@ def session_listing_indexes(schema: Schema) -> None:
         )
 
 
+class VersionFloorV8(peewee.Model):
+    entity = peewee.CharField(max_length=200, primary_key=True)
+    version = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_version_floor"
+
+
+def version_floors(schema: Schema) -> None:
+    """Versions of agents and sessions whose events a truncation deleted are kept, so that
+    an id created again never repeats one. Nothing to backfill: what was truncated before
+    is gone (such an id may still repeat a version it had before this migration)."""
+    schema.create_tables(VersionFloorV8)
+
+
+class SharedSettingV9(peewee.Model):
+    name = peewee.CharField(max_length=128, primary_key=True)
+    value = peewee.TextField()
+
+    class Meta:
+        table_name = "session_shared_setting"
+
+
+def shared_settings(schema: Schema) -> None:
+    """The settings every replica must agree on (`switchboard.shared_settings`)."""
+    schema.create_tables(SharedSettingV9)
+
+
 MIGRATIONS = (
     baseline,
     request_records,
@@ -234,6 +262,8 @@ MIGRATIONS = (
     fork_lineage,
     storage_formats,
     session_listing_indexes,
+    version_floors,
+    shared_settings,
 )
 
 SESSION_SCHEMA = Component(

@@ -47,7 +47,7 @@ def fill_summaries(core: Core, batch: int = 500) -> int:
     Until then reads fold such a row whole, so serving can start at once; after it every
     row is current, since `Projection.project` folds summaries on with each event."""
     store = core.store
-    agents, session_ids = core.runner.submit_read(store.unsummarized).result()
+    agents, session_ids = core.runner.submit_read(store.unsummarized, consistent=True).result()
     for start in range(0, max(len(agents), len(session_ids)), batch):
 
         def op(_now: float, start: int = start) -> None:

@@ -34,7 +34,15 @@ class SessionReads:
         def op() -> Session:
             return self.core.summary(session_id, self.core.session_of(agent, session_id))
 
-        return await self.runner.read(op)
+        def summarized() -> Session | None:
+            index = self.core.session_of(agent, session_id)
+            return None if index.summary is None else self.core.summary(session_id, index)
+
+        # One statement, the row, in the common case; a row without a summary yet (one
+        # written by a release before session migration 4) is folded from its snapshot
+        # and events, read again in one snapshot.
+        found = await self.runner.read(summarized)
+        return found if found is not None else await self.runner.read(op, consistent=True)
 
     async def list_sessions(
         self,
@@ -71,7 +79,8 @@ class SessionReads:
             token = pagination.encode([rows[-1].created_seq], filters) if more else ""
             return sessions, token
 
-        return await self.runner.read(op)
+        # The agent's row, then its sessions': as one state (a rewind may undo both).
+        return await self.runner.read(op, consistent=True)
 
     async def history(
         self,

@@ -210,7 +210,8 @@ class TimeTravel:
             return _answer(target, self._effects(planned), record=None)
 
         if preview:
-            previewed: Move = await self.core.runner.read(look)
+            # The plan and each range's effects, as of one state of the log.
+            previewed: Move = await self.core.runner.read(look, consistent=True)
             return previewed
         moved: Move = await self.core.write(
             functools.partial(self._moved, plan=plan, record=record)

@@ -8,7 +8,9 @@ and otherwise every `poll_s` (the fallback, which also recovers from database fa
 
 A new watcher first registers at the tailer's position H (so live events after H are
 queued for it from then on), then catches up from the database in pages bounded by
-bytes up to H, then drains its queue: no gap, no duplicate. While it catches up, a
+bytes up to H, then drains its queue: no gap, no duplicate. A watcher whose
+`after_sequence` is past H registers there instead, and is sent nothing until the log
+passes it (it said it had seen everything up to it). While it catches up, a
 queue that overflows is dropped and its catch-up target moved, so catching up never
 fails. Once live, a watcher whose queue would pass its bound (events or bytes) is
 ended ABORTED with reason WATCHER_TOO_SLOW and `resume_after_sequence` in its ErrorInfo
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -159,7 +162,7 @@ class Watching:
             # A session the caller cannot see is NOT_FOUND at once, as on every other
             # call (another agent's session too), rather than a silent stream.
             await self.runner.read(lambda: self.watchable(agent, session_id))
-        watcher = await self._subscribe(agent, session_id)
+        watcher = await self._subscribe(after, agent, session_id)
         watcher.sent = after
         try:
             async for event in self._caught_up(watcher):
@@ -193,7 +196,7 @@ class Watching:
             if not more:
                 watcher.sent = max(watcher.sent, until)
 
-    async def _subscribe(self, agent: str, session_id: str) -> _Watcher:
+    async def _subscribe(self, after: int, agent: str, session_id: str) -> _Watcher:
         if len(self._watchers) >= self.limits.max_watchers:
             raise ResourceExhausted(
                 "TOO_MANY_WATCHERS",
@@ -202,7 +205,9 @@ class Watching:
                 {"max_watchers": str(self.limits.max_watchers)},
             )
         head = await self._started()
-        watcher = _Watcher(agent, session_id, head, self.limits)
+        # A caller past the head (it saw those events through another replica, or asks
+        # for the future) has seen everything up to `after`: it waits for what follows.
+        watcher = _Watcher(agent, session_id, max(head, after), self.limits)
         self._watchers.add(watcher)
         for index in self._indexes_of(watcher):
             index.add(watcher)
@@ -234,7 +239,10 @@ class Watching:
                 self._wake = asyncio.Event()
                 self._head = await self.runner.read(self.store.head)
                 self._listen(loop)
-                self._tailer = loop.create_task(self._tail())
+                # In a context of its own: the tailer serves every watcher, so it must not
+                # carry the first caller's deadline (`CALL_DEADLINE`), principal or request
+                # id; with that deadline, every read after it passed would fail.
+                self._tailer = loop.create_task(self._tail(), context=contextvars.Context())
             return self._head
 
     async def _tail(self) -> None:

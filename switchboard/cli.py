@@ -217,8 +217,10 @@ def _relog(ctx: click.Context, log_level: str | None, log_format: str | None) ->
     show_default=True,
     type=click.Choice(["refuse", "adopt", "overwrite"]),
     help="Replicas on one database must share --max-attempts, --stale-after, --retention, "
-    "--lease-ttl and --backoff; the first to start stores them there. When this replica's "
-    "differ (each difference is logged): refuse to start, adopt the stored values, or "
+    "--lease-ttl and --backoff (DeliveryService), --request-id-window (both) and the PII "
+    "key (SessionService; only a digest naming it is stored); the first to start stores "
+    "them there. When this replica's differ (each difference is logged): refuse to start, "
+    "adopt the stored values (never a key: a replica cannot adopt a secret it lacks), or "
     "overwrite them with this replica's (replicas already running keep theirs until "
     "restarted).",
 )
@@ -284,7 +286,8 @@ def _relog(ctx: click.Context, log_level: str | None, log_format: str | None) ->
     envvar="SWITCHBOARD_REQUEST_ID_WINDOW_S",
     show_default=True,
     help="Seconds a call's request id and answer are kept, so that a retry with the "
-    "same id is answered without running again (both services).",
+    "same id is answered without running again (both services). Shared by the replicas "
+    "of a database: see --on-settings-mismatch.",
 )
 @click.option(
     "--max-concurrent-rpcs",
@@ -378,7 +381,9 @@ def _relog(ctx: click.Context, log_level: str | None, log_format: str | None) ->
     "SWITCHBOARD_PII_KEY to the key itself. Without one the ids are hashed unkeyed, which "
     "brute force reverses. Setting or changing it starts fresh sessions for conversations "
     "routed before. The DeliveryService with a key stores session keys hashed and takes "
-    "reply targets only sealed (every gateway then needs a reply key).",
+    "reply targets only sealed (every gateway then needs a reply key). Replicas of one "
+    "database must share it: the first start with a new one needs "
+    "--on-settings-mismatch overwrite.",
 )
 @click.option(
     "--pii-key",

@@ -12,7 +12,13 @@ refuses to start: an operator who meant the change says so with
 
 Refusing is the default because the alternatives hide a mistake: adopting
 silently ignores the flag an operator just set; overwriting silently changes
-the policy under replicas still running with the old values.
+the policy under replicas still running with the old values. A setting that
+names a secret (the SessionService's PII key, stored as a digest) cannot be
+adopted at all: the replica lacks the secret, so `adopt` refuses on it too.
+
+Each service keeps its settings in a table of its own (`switchboard_shared_setting`
+for the DeliveryService, `session_shared_setting` for the SessionService), so that
+either may have a database to itself.
 """
 
 from __future__ import annotations
@@ -28,6 +34,12 @@ import peewee
 from switchboard.database import Backend, SettingsMismatch, StartupRefused, bind_model
 
 log = logging.getLogger(__name__)
+
+
+#: The SessionService's table of shared settings (session migration 9); the
+#: DeliveryService's is `SharedSettingRow`'s own (delivery migration 2). A table per
+#: service, so that neither service's migrations depend on the other's.
+SESSION_SETTINGS = "session_shared_setting"
 
 
 class SharedSettingRow(peewee.Model):
@@ -47,6 +59,9 @@ class Shared:
     name: str
     flag: str
     value: Any
+    #: False for a value a replica cannot take over from the database (what names a
+    #: secret it does not hold): `adopt` refuses to start on a difference instead.
+    adoptable: bool = True
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,7 @@ class Difference:
     flag: str
     ours: Any
     stored: Any
+    adoptable: bool = True
 
     def describe(self) -> str:
         return (
@@ -70,9 +86,10 @@ class SettingsDisagree(StartupRefused):
 class SharedSettings:
     """The table of shared settings of one database."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, table: str = "") -> None:
+        """`table`: the service's table (default: the DeliveryService's)."""
         self.backend = backend
-        self.Setting = bind_model(SharedSettingRow, backend.database)
+        self.Setting = bind_model(SharedSettingRow, backend.database, table)
 
     def agree(self, settings: list[Shared], policy: SettingsMismatch) -> dict[str, Any]:
         """Stores the settings the database lacks and compares the others; returns
@@ -84,7 +101,7 @@ class SharedSettings:
                 ).on_conflict_ignore().execute()
             stored = self._stored([setting.name for setting in settings])
             differences = [
-                Difference(s.name, s.flag, s.value, stored[s.name])
+                Difference(s.name, s.flag, s.value, stored[s.name], s.adoptable)
                 for s in settings
                 if _normal(s.value) != _normal(stored[s.name])
             ]
@@ -108,6 +125,7 @@ class SharedSettings:
                 "already running keep theirs until restarted)"
             )
         if policy == "adopt":
+            _refuse_unadoptable(differences)
             for difference in differences:
                 log.warning("adopting the database's setting: %s", difference.describe())
             return {**ours, **{d.name: d.stored for d in differences}}
@@ -122,6 +140,20 @@ class SharedSettings:
     def _stored(self, names: list[str]) -> dict[str, Any]:
         rows = self.Setting.select().where(self.Setting.name.in_(names))
         return {row.name: json.loads(row.value) for row in rows}
+
+
+def _refuse_unadoptable(differences: list[Difference]) -> None:
+    unadoptable = [difference for difference in differences if not difference.adoptable]
+    for difference in unadoptable:
+        log.error("shared setting cannot be adopted: %s", difference.describe())
+    if unadoptable:
+        raise SettingsDisagree(
+            "this replica cannot adopt the database's value of a setting that names a "
+            "secret it does not hold:\n  "
+            + "\n  ".join(difference.describe() for difference in unadoptable)
+            + "\ngive it the secret the other replicas have, or start it with "
+            "--on-settings-mismatch overwrite to make its own the one stored"
+        )
 
 
 def _encoded(value: Any) -> str:

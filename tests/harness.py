@@ -30,7 +30,7 @@ from delivery_service.app import DeliveryUnit
 from delivery_service.state_machine import LedgerLimits
 from session_service.app import SessionUnit
 from session_service.core import SessionLimits
-from switchboard.database import DatabaseSettings
+from switchboard.database import DatabaseSettings, SettingsMismatch
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from switchboard.server import GrpcApp, ServerSettings
@@ -136,10 +136,13 @@ def session_server(
     limits: SessionLimits | None = None,
     *,
     pii_key: bytes | None = None,
+    on_settings_mismatch: SettingsMismatch = "refuse",
     **settings: Any,
 ) -> AbstractContextManager[InProcessSession]:
     unit = SessionUnit(
-        DatabaseSettings(url=url), limits or SessionLimits(watch_poll_s=0.2), pii_key=pii_key
+        DatabaseSettings(url=url, on_settings_mismatch=on_settings_mismatch),
+        limits or SessionLimits(watch_poll_s=0.2),
+        pii_key=pii_key,
     )
     return _serve(loop, unit, session_grpc.SessionServiceStub, **settings)
 

@@ -35,7 +35,7 @@ from switchboard.database import Backend, DatabaseSettings, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
 from switchboard.session.v1 import session_service_pb2 as spb
 from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
-from switchboard.shared_settings import SharedSettings
+from switchboard.shared_settings import SESSION_SETTINGS, SharedSettings
 from tests.harness import EventLoopThread, ServerProcess, delivery_server, session_server
 from tests.upgrade import reads, sample
 
@@ -189,6 +189,8 @@ def _assert_matches_the_stores(backend: Backend) -> None:
             models = _store_models(backend, component)
             if component is DELIVERY_SCHEMA:
                 models.append(SharedSettings(backend).Setting)  # created by migration 2
+            else:
+                models.append(SharedSettings(backend, SESSION_SETTINGS).Setting)  # migration 9
             diff = diff_models(database, models)
             assert not diff, f"{component.name}: the migrations and the models differ:\n{diff}"
 

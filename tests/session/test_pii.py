@@ -23,6 +23,7 @@ from session_service.pii import (
 from switchboard.mutations import fingerprint
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
+from switchboard.shared_settings import SettingsDisagree
 from tests.harness import EventLoopThread, ServerProcess, session_server
 from tests.pg_faults import private_database
 from tests.session.conftest import append, create_agent, resolve
@@ -155,7 +156,12 @@ def test_setting_a_key_starts_fresh_sessions_for_redacted_routes(
         assert unkeyed.source.chat_id == f"telegram:{_sha12('7012345678')}", "as before keys"
     with session_server(loop_thread, database_url) as restarted:
         assert resolve(restarted.stub, **DM).session.session_id == unkeyed.session_id
-    with session_server(loop_thread, database_url, pii_key=KEY) as keyed:
+    # Replicas must hash alike: a new key is stored only when the operator says so.
+    with pytest.raises(SettingsDisagree, match=r"session\.pii_key_id"):
+        session_server(loop_thread, database_url, pii_key=KEY)
+    with session_server(
+        loop_thread, database_url, pii_key=KEY, on_settings_mismatch="overwrite"
+    ) as keyed:
         fresh = resolve(keyed.stub, **DM)
         assert fresh.created and fresh.session.session_id != unkeyed.session_id
         assert fresh.session.source.chat_id == f"telegram:{_hmac12('7012345678')}"

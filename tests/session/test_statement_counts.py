@@ -178,6 +178,7 @@ def test_rows_without_summaries_are_read_by_folding_and_filled_at_start(
     service = start_session()
     ids = _changed_every_way(service)
     expected = {session_id: _folded(service, session_id) for session_id in ids}
+    agents = service.stub.ListAgents(pb.ListAgentsRequest(include_archived=True)).agents
     store = service.unit.store
     database: Any = store.database
     with database.connection_context():
@@ -186,6 +187,10 @@ def test_rows_without_summaries_are_read_by_folding_and_filled_at_start(
 
     unfilled = {s.session_id: s for s in _list(service, page_size=100).sessions}
     assert {i: unfilled[i] for i in ids} == expected
+    for session_id in ids:  # folded in one read snapshot
+        request = pb.GetSessionRequest(agent="main", session_id=session_id)
+        assert service.stub.GetSession(request).session == expected[session_id]
+    assert service.stub.ListAgents(pb.ListAgentsRequest(include_archived=True)).agents == agents
     restarted = start_session()
 
     with database.connection_context():

@@ -217,6 +217,37 @@ def test_rewind_beyond_retention_is_out_of_range(service: InProcessSession) -> N
     assert _state(stub, session_id).session.message_count == 8, "the state is whole"
 
 
+def test_versions_never_repeat_for_an_id_whose_first_life_was_truncated(
+    service: InProcessSession,
+) -> None:
+    """Rewind before a session and an agent, truncate their abandoned events away, create
+    both ids again: each starts above every version of its first life, so a writer still
+    holding a version of the first life is refused."""
+    stub = service.stub
+    create_agent(stub)
+    keeper = resolve(stub, **web()).session.session_id
+    mark = _checkpoint(stub, "before")
+    spawned = stub.SpawnSession(pb.SpawnSessionRequest(agent="main", session_id="main.twice"))
+    stale = spawned.session.version
+    first_life = append(stub, "main.twice", user_message("one"), user_message("two")).version
+    helper = create_agent(stub, "helper")
+    helper = stub.PutMemory(pb.PutMemoryRequest(agent="helper", key="k", value="v")).agent
+    _rewind(stub, mark)
+    # Snapshots of what lives on make the log below the head unnecessary.
+    stub.SnapshotSession(pb.SnapshotSessionRequest(agent="main", session_id=keeper))
+    head = _checkpoint(stub, "after")
+    truncated = stub.TruncateLog(pb.TruncateLogRequest(below_sequence=head))
+    assert truncated.deleted_count > 0
+
+    again = stub.SpawnSession(pb.SpawnSessionRequest(agent="main", session_id="main.twice"))
+    assert again.session.version > first_life
+    with pytest.raises(grpc.RpcError) as refused:
+        append(stub, "main.twice", user_message("stale writer"), expected_version=stale)
+    assert refused.value.code() == grpc.StatusCode.ABORTED
+    assert _history(stub, "main.twice") == []
+    assert create_agent(stub, "helper").version > helper.version
+
+
 def test_a_two_agent_rewind_is_one_cut_even_under_racing_appends(
     start_session: StartSession,
 ) -> None:

@@ -275,3 +275,26 @@ def test_the_listen_connection_recovers_after_a_database_fault(
             pytest.fail(f"B heard {seen} of A's appends {sent} (LISTEN connection back: {back})")
         stream.cancel()
         assert seen == sent
+
+
+def test_watching_past_the_head_waits_until_the_log_passes_it(service: InProcessSession) -> None:
+    create_agent(service.stub)
+    session_id = resolve(service.stub, **web()).session.session_id
+    head = append(service.stub, session_id, user_message("seen")).events[-1].sequence
+    stream = service.stub.WatchEvents(pb.WatchEventsRequest(after_sequence=head + 3), timeout=30)
+    first: list[int] = []
+    reader = threading.Thread(target=lambda: first.append(next(stream).event.sequence))
+    reader.start()
+    # Registered before the log reaches `after_sequence`: a watcher that joined later
+    # would catch up from it and prove nothing.
+    watching = service.unit.core.watching
+    assert _wait_until(lambda: bool(watching._watchers), timeout_s=10.0)
+    said_seen = [
+        append(service.stub, session_id, user_message(f"before {n}")).events[-1].sequence
+        for n in range(3)
+    ]
+    assert said_seen == [head + 1, head + 2, head + 3]
+    after = append(service.stub, session_id, user_message("after")).events[-1].sequence
+    reader.join(timeout=30)
+    stream.cancel()
+    assert first == [after], "an event at or below after_sequence was sent"
