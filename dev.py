@@ -6,8 +6,11 @@
 
 Each creates ./.venv on first use and installs both distributions there, editable:
 switchboard-client (clients/python, whose install generates the gRPC stubs into
-switchboard/) and switchboard with its dev tools; it reinstalls them whenever a
-pyproject.toml, VERSION or a .proto file changes.
+switchboard/) and switchboard. `serve` installs only what they need to run (their
+build tools, grpcio-tools among them, stay in pip's isolated build environments);
+`test` adds the dev extra (pytest, mypy, ruff, buf, the platform SDKs, ...) on top.
+Either reinstalls whenever a pyproject.toml, VERSION, the client's build hook or a
+.proto file changes, and never drops the dev extra once it is there.
 Arguments after the command are passed on (`python3 dev.py test -k claim`);
 `serve` passes them to `switchboard serve`, which takes every option of the
 `switchboard` group too (`python3 dev.py serve --log-format text --access-log
@@ -17,7 +20,9 @@ errors`, `python3 dev.py serve session --auth-tokens ...`; `--help` lists them).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -40,16 +45,54 @@ def _inputs_digest() -> str:
     return digest.hexdigest()
 
 
-def ensure_environment() -> Path:
+#: The extras of switchboard each command needs installed.
+EXTRAS: dict[str, frozenset[str]] = {"serve": frozenset(), "test": frozenset({"dev"})}
+
+
+def _installed(stamp: str) -> tuple[str, frozenset[str]] | None:
+    """The inputs digest and extras the stamp records; None when it is unreadable.
+    A bare digest is an older dev.py's stamp, which always installed the dev extra."""
+    if re.fullmatch(r"[0-9a-f]{64}", stamp):
+        return stamp, frozenset({"dev"})
+    try:
+        recorded = json.loads(stamp)
+        return str(recorded["inputs"]), frozenset(recorded["extras"])
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def extras_to_install(
+    stamp: str | None, inputs: str, needed: frozenset[str]
+) -> frozenset[str] | None:
+    """The extras to (re)install for a command that needs `needed`, or None when the
+    venv already has them for these inputs. A reinstall keeps the extras already
+    there: `serve` after `test` must not leave a venv that `test` installs again."""
+    installed = _installed(stamp) if stamp is not None else None
+    if installed is None:
+        return needed
+    digest, extras = installed
+    if digest == inputs and needed <= extras:
+        return None
+    return needed | extras
+
+
+def _stamp(inputs: str, extras: frozenset[str]) -> str:
+    return json.dumps({"inputs": inputs, "extras": sorted(extras)})
+
+
+def ensure_environment(needed: frozenset[str]) -> Path:
     if sys.version_info < (3, 11):  # noqa: UP036 - say so clearly on an old Python
         sys.exit(f"Switchboard needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     python = BIN / "python"
     if not python.exists():
         print("dev.py: creating .venv", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    wanted = _inputs_digest()
-    if not STAMP.exists() or STAMP.read_text() != wanted:
-        print("dev.py: installing switchboard-client, switchboard and its dev tools", flush=True)
+    inputs = _inputs_digest()
+    extras = extras_to_install(STAMP.read_text() if STAMP.exists() else None, inputs, needed)
+    if extras is not None:
+        tools = " and its dev tools" if "dev" in extras else " (what they need to run)"
+        print(f"dev.py: installing switchboard-client, switchboard{tools}", flush=True)
+        server = f"{ROOT}[{','.join(sorted(extras))}]" if extras else str(ROOT)
         subprocess.run(
             [
                 str(python),
@@ -61,11 +104,11 @@ def ensure_environment() -> Path:
                 "-e",
                 str(CLIENT),
                 "-e",
-                f"{ROOT}[dev]",
+                server,
             ],
             check=True,
         )
-        STAMP.write_text(wanted)
+        STAMP.write_text(_stamp(inputs, extras))
     return python
 
 
@@ -84,7 +127,7 @@ def _command(name: str, rest: list[str]) -> list[str]:
 def main() -> None:
     if len(sys.argv) < 2 or sys.argv[1] not in ("serve", "test"):
         sys.exit(__doc__)
-    python = ensure_environment()
+    python = ensure_environment(EXTRAS[sys.argv[1]])
     os.chdir(ROOT)
     argv = [str(python), *_command(sys.argv[1], sys.argv[2:])]
     os.execv(argv[0], argv)

@@ -1,13 +1,18 @@
-"""A Docker engine of the test's own, and the base image k8s/Dockerfile builds FROM.
+"""A Docker engine of the test's own, and the official images the deployment uses:
+`python:3.11-slim`, which k8s/Dockerfile builds FROM, and `postgres:15`, the
+compose file's database.
 
 The test starts `dockerd` itself (its socket and run state under a temporary
 directory, its image store under CACHE so layers survive between runs on one
-machine) and stops it by pid. Docker Hub is unreachable on the CI machines: when
-`python:3.11-slim` can be neither found nor pulled, an equivalent is made from
-Debian's own Python 3.11 (debootstrap minbase, a venv at /usr/local so `python` and
-`pip` are on PATH as in the official image, the host's locally added CA
-certificates so pip can reach PyPI through this network) and imported under that
-name. Its root filesystem is cached as a tarball under CACHE.
+machine) and stops it by pid. Docker Hub is unreachable on the CI machines: when an
+image can be neither found nor pulled, an equivalent is made from Debian's own
+packages with debootstrap minbase and imported under that name. Python 3.11 with a
+venv at /usr/local (so `python` and `pip` are on PATH as in the official image) and
+the host's locally added CA certificates (so pip can reach PyPI through this
+network); PostgreSQL 15 with an entrypoint of the official image's interface
+(postgres_standin_entrypoint.sh). Each root filesystem is cached as a tarball
+under CACHE, and the imported image carries its recipe's key as a label, so a
+changed recipe is imported again.
 """
 
 from __future__ import annotations
@@ -27,15 +32,62 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CACHE = Path(os.environ.get("SWITCHBOARD_CI_CACHE", "/var/cache/switchboard-ci"))
-# Bump to rebuild cached stand-in base images everywhere.
-STANDIN_RECIPE = "1"
-STANDIN_SUITE = "bookworm"  # Debian's Python 3.11, as in python:3.11-slim
-STANDIN_PACKAGES = "python3,python3-venv,ca-certificates"
-STANDIN_ENV = {
-    "PATH": "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin",
-    "LANG": "C.UTF-8",
-}
+STANDIN_SUITE = "bookworm"  # Debian's Python 3.11 and PostgreSQL 15, as in the images
 LOCAL_CA_DIR = Path("/usr/local/share/ca-certificates")
+HERE = Path(__file__).resolve().parent
+STANDIN_LABEL = "switchboard.standin"
+
+
+@dataclass(frozen=True)
+class Standin:
+    """How an official image is stood in for from Debian's packages."""
+
+    #: Bump to rebuild this stand-in everywhere, e.g. after changing `prepare` (the
+    #: packages, the suite, the copied files and the trusted CAs are in the key).
+    recipe: str
+    packages: str  # debootstrap --include
+    env: dict[str, str]
+    #: Further Dockerfile instructions `docker import` applies (CMD, ENTRYPOINT, ...).
+    changes: tuple[str, ...]
+    #: Commands run in the root filesystem once the packages are in.
+    prepare: tuple[tuple[str, ...], ...] = ()
+    #: Files of this directory copied into the root filesystem (path there -> name here).
+    files: tuple[tuple[str, str], ...] = ()
+    trusts_local_cas: bool = False
+
+
+PYTHON_STANDIN = Standin(
+    recipe="1",
+    packages="python3,python3-venv,ca-certificates",
+    env={"PATH": "/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"},
+    changes=('CMD ["python3"]',),
+    prepare=(("python3", "-m", "venv", "/usr/local"),),
+    trusts_local_cas=True,
+)
+POSTGRES_STANDIN = Standin(
+    recipe="1",
+    packages="postgresql-15",
+    env={
+        "PATH": "/usr/lib/postgresql/15/bin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "LANG": "C.UTF-8",
+        "PGDATA": "/var/lib/postgresql/data",
+    },
+    changes=(
+        'ENTRYPOINT ["docker-entrypoint.sh"]', 'CMD ["postgres"]', "EXPOSE 5432",
+        "VOLUME /var/lib/postgresql/data",
+    ),
+    prepare=(
+        # The package's post-install made a cluster of its own; the entrypoint makes
+        # one at the first start, in PGDATA, as the official image does.
+        ("rm", "-rf", "/var/lib/postgresql/15", "/etc/postgresql/15"),
+        # About 200 MB that no test reads: the JIT (postgres runs without it when it
+        # cannot load it), docs, manuals and translations.
+        ("sh", "-c", "rm -rf /usr/lib/*/libLLVM-14.so* /usr/lib/postgresql/15/lib/llvmjit* "
+         "/usr/lib/postgresql/15/lib/bitcode /usr/share/doc /usr/share/man /usr/share/locale"),
+    ),
+    files=(("usr/local/bin/docker-entrypoint.sh", "postgres_standin_entrypoint.sh"),),
+)  # fmt: skip
+STANDINS = {"python:3.11-slim": PYTHON_STANDIN, "postgres:15": POSTGRES_STANDIN}
 
 
 def docker_required() -> bool:
@@ -182,30 +234,43 @@ def base_images(dockerfile: Path) -> list[str]:
     return images
 
 
-def _standin_key() -> str:
-    digest = hashlib.sha256(f"{STANDIN_RECIPE} {STANDIN_SUITE} {STANDIN_PACKAGES}".encode())
-    for certificate in sorted(LOCAL_CA_DIR.glob("*.crt")):
+def _rootfs_key(standin: Standin) -> str:
+    digest = hashlib.sha256(f"{standin.recipe} {STANDIN_SUITE} {standin.packages}".encode())
+    for certificate in sorted(LOCAL_CA_DIR.glob("*.crt")) if standin.trusts_local_cas else []:
         digest.update(certificate.read_bytes())
+    for target, name in standin.files:
+        digest.update(f"{target} {name}".encode() + (HERE / name).read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _image_key(standin: Standin) -> str:
+    """The root filesystem's key and what the import adds to it."""
+    added = [f"{name}={value}" for name, value in standin.env.items()] + list(standin.changes)
+    return hashlib.sha256(" ".join([_rootfs_key(standin), *added]).encode()).hexdigest()[:16]
 
 
 def _chroot(rootfs: Path, *command: str) -> None:
     subprocess.run(["chroot", str(rootfs), *command], check=True, capture_output=True, timeout=300)
 
 
-def build_standin_rootfs(tarball: Path) -> None:
-    """debootstrap a minimal Debian with Python 3.11 and pack it as a tarball."""
+def build_standin_rootfs(standin: Standin, tarball: Path) -> None:
+    """debootstrap a minimal Debian with the stand-in's packages and pack it as a tarball."""
     with tempfile.TemporaryDirectory(prefix="standin-", dir=CACHE) as work:
         rootfs = Path(work) / "rootfs"
         subprocess.run(
-            ["debootstrap", "--variant=minbase", f"--include={STANDIN_PACKAGES}", STANDIN_SUITE,
+            ["debootstrap", "--variant=minbase", f"--include={standin.packages}", STANDIN_SUITE,
              str(rootfs), apt_mirror()],
             check=True, capture_output=True, timeout=900,
         )  # fmt: skip
-        _chroot(rootfs, "python3", "-m", "venv", "/usr/local")
-        for certificate in sorted(LOCAL_CA_DIR.glob("*.crt")):
-            shutil.copy2(certificate, rootfs / "usr/local/share/ca-certificates" / certificate.name)
-        _chroot(rootfs, "update-ca-certificates")
+        for command in standin.prepare:
+            _chroot(rootfs, *command)
+        for inside, name in standin.files:
+            shutil.copy2(HERE / name, rootfs / inside)
+        if standin.trusts_local_cas:
+            for certificate in sorted(LOCAL_CA_DIR.glob("*.crt")):
+                target = rootfs / "usr/local/share/ca-certificates" / certificate.name
+                shutil.copy2(certificate, target)
+            _chroot(rootfs, "update-ca-certificates")
         for leftovers in ("var/cache/apt/archives", "var/lib/apt/lists"):
             for path in (rootfs / leftovers).glob("*"):
                 if path.is_file():
@@ -218,25 +283,34 @@ def build_standin_rootfs(tarball: Path) -> None:
 
 
 def ensure_base_image(engine: Engine, image: str) -> str:
-    """Makes `image` present: already there, pulled, or the cached or freshly built
-    stand-in imported under its name. Returns which."""
-    if engine.run("image", "inspect", image, check=False).returncode == 0:
+    """Makes `image` present: already there (the real one, or this recipe's stand-in),
+    pulled, or the cached or freshly built stand-in imported under its name. Returns
+    which."""
+    standin = STANDINS.get(image)
+    assert standin is not None, f"no stand-in recipe for {image}: add one to STANDINS"
+    key = _image_key(standin)
+    label = f'{{{{index .Config.Labels "{STANDIN_LABEL}"}}}}'
+    present = engine.run("image", "inspect", "--format", label, image, check=False)
+    if present.returncode == 0 and present.stdout.strip() in ("", "<no value>", key):
         return "present"
-    if engine.run("pull", image, check=False, timeout=120).returncode == 0:
+    if (
+        present.returncode != 0
+        and engine.run("pull", image, check=False, timeout=120).returncode == 0
+    ):
         return "pulled"
     with machine_lock("standin"):
-        tarball = (
-            CACHE / f"standin-{image.replace(':', '-').replace('/', '_')}-{_standin_key()}.tar"
-        )
+        slug = image.replace(":", "-").replace("/", "_")
+        tarball = CACHE / f"standin-{slug}-{_rootfs_key(standin)}.tar"
         how = "imported the cached stand-in"
         if not tarball.exists():
-            for stale in CACHE.glob("standin-*.tar"):
+            for stale in CACHE.glob(f"standin-{slug}-*.tar"):
                 stale.unlink()
-            build_standin_rootfs(tarball)
+            build_standin_rootfs(standin, tarball)
             how = "built and imported a stand-in"
         changes: Sequence[str] = [
-            *(f"--change=ENV {name}={value}" for name, value in STANDIN_ENV.items()),
-            '--change=CMD ["python3"]',
+            *(f"--change=ENV {name}={value}" for name, value in standin.env.items()),
+            *(f"--change={change}" for change in standin.changes),
+            f"--change=LABEL {STANDIN_LABEL}={key}",
         ]
         engine.run("import", *changes, tarball, image, timeout=300)
     return how

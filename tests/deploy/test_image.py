@@ -2,7 +2,8 @@
 container spec (tests/deploy/pods.py): probes answer SERVING, SIGTERM drains within
 the grace, the SQLite layout keeps its data across a restart on its volume, and
 two replicas of each service share one Postgres, also when started together on an
-empty database.
+empty database, and the docker compose deployment (deploy/compose.yaml: Postgres,
+two replicas of each service, the loopback gateway) answers a message end to end.
 
 A real Kubernetes cannot run on these machines; the manifests' Services,
 NetworkPolicies, HPAs and PDBs are only validated (test_quality.py). In CI
@@ -12,6 +13,7 @@ and debootstrap when missing and never skips.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -29,9 +31,11 @@ import psycopg2
 import pytest
 from switchboard_client import DeliveryClient, SessionClient, SwitchboardError
 
+from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from tests.deploy import docker_engine as engines
-from tests.deploy.artefacts import ROOT, copy_tracked_tree
+from tests.deploy.artefacts import ROOT, copy_tracked_tree, wait_serving
 from tests.deploy.client_calls import delivery_calls, session_calls
+from tests.deploy.compose import brought_up, compose_command, install_compose
 from tests.deploy.manifests import Workload, workloads
 from tests.deploy.pods import Container, start, stop_all
 from tests.harness import POSTGRES_URL, postgres_unreachable_reason
@@ -356,3 +360,77 @@ def test_the_build_context_of_a_checkout_holds_only_sources(
     for kept_out in (".venv", ".git", "node_modules"):
         assert f" {kept_out}\n" not in output, f"{kept_out} is in the build context"
     assert kilobytes < 20 * 1024, f"the build context is {kilobytes / 1024:.0f} MB"
+
+
+@pytest.fixture
+def compose(engine: engines.Engine) -> list[str]:
+    """The compose command (tests/deploy/compose.py); CI installs Debian's when missing."""
+    command = compose_command(engine)
+    if command is None and engines.docker_required():
+        install_compose()
+        command = compose_command(engine)
+    if command is None:
+        pytest.skip("no docker compose or docker-compose (CI installs Debian's docker-compose)")
+    return command
+
+
+COMPOSE_TOKENS = "compose-admin=admin"
+COMPOSE_REPLICAS = {
+    "session-1": ("SESSION_1_PORT", "switchboard.session.v1.SessionService"),
+    "session-2": ("SESSION_2_PORT", "switchboard.session.v1.SessionService"),
+    "delivery-1": ("DELIVERY_1_PORT", "switchboard.delivery.v1.DeliveryService"),
+    "delivery-2": ("DELIVERY_2_PORT", "switchboard.delivery.v1.DeliveryService"),
+}
+#: The health checks' start periods and intervals, with room for a busy machine.
+COMPOSE_HEALTHY_S = 240.0
+
+
+def _post_message(address: str, **fields: str) -> dict[str, str]:
+    request = urllib.request.Request(
+        f"http://{address}/messages", data=json.dumps(fields).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        return dict(json.loads(answer.read()))
+
+
+def test_the_compose_deployment_answers_through_its_gateway_on_every_replica(
+    engine: engines.Engine, image: Built, compose: list[str]
+) -> None:
+    """deploy/compose.yaml for real: Postgres, two replicas of each service on it and
+    the loopback gateway, with authentication on and a password of the test's."""
+    started = time.monotonic()
+    base = engines.ensure_base_image(engine, "postgres:15")
+    ports = dict(zip([*(v for v, _ in COMPOSE_REPLICAS.values()), "GATEWAY_PORT"],
+                     map(str, _free_ports(5)), strict=True))  # fmt: skip
+    settings = {
+        **ports,
+        "POSTGRES_PASSWORD": "compose-test-password",
+        "SWITCHBOARD_AUTH_TOKENS": COMPOSE_TOKENS,
+        # The gateway creates its agent at the first start: an admin token.
+        "SWITCHBOARD_GATEWAY_TOKEN": "compose-admin",
+    }
+    with brought_up(engine, compose, settings) as project:
+        project.wait_healthy(["postgres", *COMPOSE_REPLICAS, "gateway"], COMPOSE_HEALTHY_S)
+        addresses = {name: f"127.0.0.1:{ports[v]}" for name, (v, _) in COMPOSE_REPLICAS.items()}
+        for name, (_, service) in COMPOSE_REPLICAS.items():
+            assert wait_serving(addresses[name], service) == "SERVING", name
+
+        answer = _post_message(f"127.0.0.1:{ports['GATEWAY_PORT']}", chat_id="42", text="hi")
+
+        assert answer == {"reply": "(echo) hi [0 earlier messages in this conversation]"}
+        for name in ("session-1", "session-2"):
+            with SessionClient(addresses[name], token="compose-admin") as sessions:
+                (only,) = sessions.list_sessions("main")
+                said = [m.message.content for m in sessions.history("main", only.session_id)]
+            assert said == ["hi", answer["reply"]], name
+        for name in ("delivery-1", "delivery-2"):
+            with DeliveryClient(addresses[name], token="compose-admin") as ledger:
+                rows = [(row.content, row.state) for row in ledger.list(platform="loopback")]
+            assert rows == [(answer["reply"], dpb.OBLIGATION_STATE_DELIVERED)], name
+        with pytest.raises(SwitchboardError) as refused:  # the tokens reached the services
+            session_calls(addresses["session-2"], "anonymous")
+        assert refused.value.code == grpc.StatusCode.UNAUTHENTICATED
+        project.run("down", "--volumes", "--timeout", "30")
+        assert project.containers_left() == []
+    seconds = time.monotonic() - started
+    print(f"\ncompose ({compose[-1]}; postgres:15 {base}): up, checked and down in {seconds:.0f} s")

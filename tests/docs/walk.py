@@ -131,14 +131,16 @@ class Run:
     output: str  # stdout and stderr, interleaved as printed
 
 
-def block_env(directory: Path, session: str, delivery: str) -> dict[str, str]:
+def block_env(
+    directory: Path, session: str, delivery: str, python: Path = Path(sys.executable)
+) -> dict[str, str]:
     """The caller's environment, minus any Switchboard settings it had, plus the walk's.
 
-    PATH starts with this interpreter's directory: what `source .venv/bin/activate`
-    gives a reader."""
+    PATH starts with `python`'s directory (by default this interpreter's): what
+    `source .venv/bin/activate` gives a reader."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHBOARD_")}
     env.update(
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}",
         SWITCHBOARD_SESSION_ADDRESS=session,
         SWITCHBOARD_DELIVERY_ADDRESS=delivery,
         SWITCHBOARD_DATA_DIR=str(directory / "var"),
@@ -277,12 +279,15 @@ def assert_sample_output(block: Block, printed: str) -> None:
 
 @dataclass
 class Walk:
-    """Runs a page's blocks in order in one directory, remembering what ran and printed."""
+    """Runs a page's blocks in order in one directory, remembering what ran and printed.
+    `checkout` is where `in-checkout` blocks run, `python` what runs ```python blocks."""
 
     page: Path
     directory: Path
     env: dict[str, str]
     first_pass: bool = True
+    checkout: Path = ROOT
+    python: Path = Path(sys.executable)
     ran: set[int] = field(default_factory=set)
     outputs: list[tuple[Block, Run]] = field(default_factory=list)
     saved: dict[str, Block] = field(default_factory=dict)
@@ -335,7 +340,7 @@ class Walk:
         )
 
     def _execute(self, block: Block) -> Run:
-        cwd = ROOT if block.directive("in-checkout") is not None else self.directory
+        cwd = self.checkout if block.directive("in-checkout") is not None else self.directory
         if block.directive("serves") is not None:
             self.stop_server()
             self.server = start_server(block, cwd, self.env)
@@ -347,7 +352,7 @@ class Walk:
         if block.language == "python":
             script = self.directory / f"block_{block.line}.py"
             script.write_text(block.code)
-            return run([sys.executable, str(script)], cwd, self.env)
+            return run([str(self.python), str(script)], cwd, self.env)
         if block.language == "js":
             return run_js(block, cwd, self.env)
         return run(["bash", "-e", "-o", "pipefail", "-c", block.code], cwd, self.env)
@@ -378,11 +383,21 @@ class Walked:
             yield outcome.output
 
 
-def walk_twice(page: Path, directory: Path, session: str, delivery: str) -> Walked:
-    """Walks the page, then again in the same directory: every block runs twice."""
+def walk_twice(
+    page: Path,
+    directory: Path,
+    session: str,
+    delivery: str,
+    *,
+    checkout: Path = ROOT,
+    python: Path = Path(sys.executable),
+) -> Walked:
+    """Walks the page, then again in the same directory: every block runs twice.
+    `checkout` and `python` walk it in another clone, with that clone's .venv."""
     passes = []
     for first_pass in (True, False):
-        walk = Walk(page, directory, block_env(directory, session, delivery), first_pass)
+        env = block_env(directory, session, delivery, python)
+        walk = Walk(page, directory, env, first_pass, checkout=checkout, python=python)
         walk.walk()
         passes.append(walk)
     first, second = passes
