@@ -248,14 +248,17 @@ class Conversations:
         result: tuple[list[Event], int, list[int]] = await self.core.write(op)
         return result
 
-    async def post_to_inbox(self, agent: str, session_id: str, message: Message) -> Event:
+    async def post_to_inbox(
+        self, agent: str, session_id: str, message: Message
+    ) -> tuple[Event, bool]:
+        """(the post's event, whether it is a duplicate: see `post`)."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         checked_message("message", message, self.core.limits.max_content_bytes)
         size = convert.encoded_size(message) + len(agent) + len(session_id)
         refuse_unanswerable("message", [size], "shorten the message")
 
-        result: Event = await self.core.write(
+        result: tuple[Event, bool] = await self.core.write(
             lambda now: self.post(now, agent, session_id, message)
         )
         return result
@@ -267,10 +270,18 @@ class Conversations:
         session_id: str,
         message: Message,
         redact: bool | None = None,
-    ) -> Event:
-        """Puts a message into an open session's inbox (in the caller's transaction).
-        `redact`: whether its sender is hashed (None: as the agent's settings say)."""
+    ) -> tuple[Event, bool]:
+        """Puts a message into an open session's inbox (in the caller's transaction):
+        (its event, False). A message_ref the session accepted before is a platform's
+        message posted again: (the first post's event, True), and nothing is written.
+        The caller holds the log's write lock, so of posts racing with one ref (other
+        replicas' too) exactly one is accepted. `redact`: whether its sender is hashed
+        (None: as the agent's settings say)."""
         index = self.core.open_session_of(agent, session_id)
+        if message.message_ref:
+            accepted = self.store.accepted_post(session_id, message.message_ref)
+            if accepted is not None:
+                return accepted, True
         posted = Event(
             agent=agent,
             session_id=session_id,
@@ -279,7 +290,7 @@ class Conversations:
         )
         self.core.redact_senders(agent, [posted], redact)
         self._refuse_state_growth_past_limit(session_id, [posted])
-        return self.core.log(now, [posted], index)[0]
+        return self.core.log(now, [posted], index)[0], False
 
     def _refuse_state_growth_past_limit(self, session_id: str, events: Sequence[Event]) -> None:
         growth = sum(convert.encoded_size(e) for e in events if isinstance(e.body, _STATE_GROWING))
