@@ -11,7 +11,7 @@ from typing import Any
 
 from session_service import convert, records
 from session_service.agents import Agents
-from session_service.continuity import Continuity
+from session_service.continuity import Continuity, post_mark
 from session_service.conversations import Conversations
 from session_service.core import Core
 from session_service.log_reads import LogQuery, LogReads
@@ -228,8 +228,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def PostToInbox(  # noqa: N802
         self, request: pb.PostToInboxRequest, context: Context
     ) -> tuple[records.Event, bool]:
+        mark = post_mark(request.mark_resumable, request.resume_holder)
         return await self.conversations.post_to_inbox(
-            request.agent, request.session_id, _record(records.Message, request.message)
+            request.agent, request.session_id, _record(records.Message, request.message), mark
         )
 
     async def GetHistory(  # noqa: N802

@@ -38,10 +38,11 @@ def _post(
     content: str = "hello",
     sender: str = "u1",
     agent: str = "main",
+    **request: Any,
 ) -> pb.PostToInboxResponse:
     message = pb.Message(role=pb.ROLE_USER, content=content, sender=sender, message_ref=message_ref)
     return stub.PostToInbox(
-        pb.PostToInboxRequest(agent=agent, session_id=session_id, message=message)
+        pb.PostToInboxRequest(agent=agent, session_id=session_id, message=message, **request)
     )
 
 
@@ -84,6 +85,52 @@ def test_a_message_ref_posted_again_writes_nothing_and_answers_the_first_post(
     elsewhere = _post(stub, other, "slack:C1:171.001")
     assert not elsewhere.duplicate, "one post per message_ref per session"
     assert _inbox(stub, session_id) == ["hello", "next", "unreferenced", "unreferenced"]
+
+
+def _mark(stub: pb_grpc.SessionServiceStub, session_id: str) -> tuple[bool, str]:
+    session = stub.GetSession(pb.GetSessionRequest(agent="main", session_id=session_id)).session
+    return session.resume_pending, session.resume_holder
+
+
+def test_a_post_sets_the_resume_mark_in_its_transaction_and_a_duplicate_sets_none(
+    chat: tuple[pb_grpc.SessionServiceStub, str],
+) -> None:
+    """How a gateway starts a turn: its message and its mark are stored together, so a
+    crash never leaves one without the other; a second delivery of the message (another
+    instance's) writes neither, and the turn stays the first instance's."""
+    stub, session_id = chat
+    first = _post(stub, session_id, "m-1", mark_resumable=True, resume_holder="gw-a")
+    *_, marked, posted = _log(stub)
+    assert (marked.WhichOneof("body"), marked.resume_marked.holder) == ("resume_marked", "gw-a")
+    assert (marked.sequence + 1, posted) == (first.event.sequence, first.event)
+    assert _mark(stub, session_id) == (True, "gw-a")
+
+    logged = _log(stub)
+    again = _post(stub, session_id, "m-1", mark_resumable=True, resume_holder="gw-b")
+    assert (again.duplicate, again.event) == (True, first.event)
+    assert _mark(stub, session_id) == (True, "gw-a"), "the turn is still the first's"
+    assert _log(stub) == logged
+
+    stub.MarkResumable(pb.MarkResumableRequest(agent="main", session_id=session_id))
+    _post(stub, session_id, "m-1", mark_resumable=True, resume_holder="gw-b")
+    assert _mark(stub, session_id) == (False, ""), "a retry after the turn marks nothing"
+
+
+@pytest.mark.parametrize(
+    ("mark", "holder"),
+    [(True, "../gw"), (True, "g" * 129), (True, "gw\x07"), (False, "gw-a")],
+    ids=["a path", "too long", "a control character", "a holder without a mark"],
+)
+def test_a_bad_resume_holder_is_refused_and_writes_nothing(
+    chat: tuple[pb_grpc.SessionServiceStub, str], mark: bool, holder: str
+) -> None:
+    stub, session_id = chat
+    logged = _log(stub)
+    with pytest.raises(grpc.RpcError) as refused:
+        _post(stub, session_id, "m-1", mark_resumable=mark, resume_holder=holder)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_details(refused.value)[1] == ["resume_holder"]
+    assert _log(stub) == logged
 
 
 def _race(calls: Sequence[Callable[[], Any]]) -> list[Any]:
