@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 class GatewayProcess:
     """`python -m tests.platforms.gateway_process`, booted (it printed "ready")."""
 
-    def __init__(self, platform: str, services: Services, base_url: str) -> None:
+    def __init__(self, platform: str, services: Services, base_url: str, *flags: str) -> None:
         command = [
             sys.executable,
             "-m",
@@ -24,6 +24,7 @@ class GatewayProcess:
             services.session_address,
             services.delivery_address,
             base_url,
+            *flags,
         ]
         self.process = subprocess.Popen(
             command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
