@@ -11,6 +11,7 @@ checkout restores it) and lives as long as the post that accepted the message.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,8 @@ from tests.session.conftest import StartSession, append, create_agent, resolve, 
 from tests.status import error_details
 
 RACERS = 8
-ROUNDS = 10
+#: Rounds of the race; SWITCHBOARD_RACE_ROUNDS=300 for a long run (as test_concurrency).
+ROUNDS = int(os.environ.get("SWITCHBOARD_RACE_ROUNDS", "10"))
 
 
 def _post(
