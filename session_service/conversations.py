@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
 from session_service import convert, freshness, routing
 from session_service.agents import Agents
@@ -27,6 +28,7 @@ from session_service.records import (
     Message,
     Narrowing,
     OutboxQueued,
+    ResumeMarked,
     Session,
     SessionEnded,
     SessionOpened,
@@ -248,15 +250,19 @@ class Conversations:
         result: tuple[list[Event], int, list[int]] = await self.core.write(op)
         return result
 
-    async def post_to_inbox(self, agent: str, session_id: str, message: Message) -> Event:
+    async def post_to_inbox(
+        self, agent: str, session_id: str, message: Message, mark: ResumeMarked | None = None
+    ) -> tuple[Event, bool]:
+        """(the post's event, whether it is a duplicate: see `post`). `mark`: a resume
+        mark logged in the same transaction, right before the post (not for a duplicate)."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         checked_message("message", message, self.core.limits.max_content_bytes)
         size = convert.encoded_size(message) + len(agent) + len(session_id)
         refuse_unanswerable("message", [size], "shorten the message")
 
-        result: Event = await self.core.write(
-            lambda now: self.post(now, agent, session_id, message)
+        result: tuple[Event, bool] = await self.core.write(
+            lambda now: self.post(now, agent, session_id, message, mark=mark)
         )
         return result
 
@@ -267,19 +273,31 @@ class Conversations:
         session_id: str,
         message: Message,
         redact: bool | None = None,
-    ) -> Event:
-        """Puts a message into an open session's inbox (in the caller's transaction).
-        `redact`: whether its sender is hashed (None: as the agent's settings say)."""
+        mark: ResumeMarked | None = None,
+    ) -> tuple[Event, bool]:
+        """Puts a message into an open session's inbox (in the caller's transaction):
+        (its event, False). A message_ref the session accepted before is a platform's
+        message posted again: (the first post's event, True), and nothing is written.
+        The caller holds the log's write lock, so of posts racing with one ref (other
+        replicas' too) exactly one is accepted. `redact`: whether its sender is hashed
+        (None: as the agent's settings say); `mark`: a resume mark logged right before
+        the post."""
         index = self.core.open_session_of(agent, session_id)
+        if message.message_ref:
+            accepted = self.store.accepted_post(session_id, message.message_ref)
+            if accepted is not None:
+                return accepted, True
+        # Unversioned, both: an inbox post and a resume mark never conflict with a turn.
         posted = Event(
             agent=agent,
             session_id=session_id,
-            session_version=index.version,  # unversioned: never conflicts with a turn
+            session_version=index.version,
             body=InboxPosted(message=message),
         )
         self.core.redact_senders(agent, [posted], redact)
         self._refuse_state_growth_past_limit(session_id, [posted])
-        return self.core.log(now, [posted], index)[0]
+        marked = [] if mark is None else [replace(posted, body=mark)]
+        return self.core.log(now, [*marked, posted], index)[-1], False
 
     def _refuse_state_growth_past_limit(self, session_id: str, events: Sequence[Event]) -> None:
         growth = sum(convert.encoded_size(e) for e in events if isinstance(e.body, _STATE_GROWING))

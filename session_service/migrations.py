@@ -254,6 +254,21 @@ def shared_settings(schema: Schema) -> None:
     schema.create_tables(SharedSettingV9)
 
 
+def inbound_refs(schema: Schema) -> None:
+    """Inbox posts keep their message_ref, unique per session among active log rows:
+    one inbound message per platform message. Nothing to backfill: posts logged
+    before count for nothing (and may hold duplicates already)."""
+    schema.run(
+        schema.migrator.add_column("session_log", "inbound_ref", peewee.TextField(null=True))
+    )
+    # Partial, so that it costs nothing for the rows without a ref and frees a ref
+    # the moment a rewind abandons its post (the same text as the store's model).
+    schema.execute(
+        "CREATE UNIQUE INDEX session_log_inbound_ref ON session_log (session_id, inbound_ref) "
+        "WHERE inbound_ref IS NOT NULL AND active"
+    )
+
+
 MIGRATIONS = (
     baseline,
     request_records,
@@ -264,6 +279,7 @@ MIGRATIONS = (
     session_listing_indexes,
     version_floors,
     shared_settings,
+    inbound_refs,
 )
 
 SESSION_SCHEMA = Component(

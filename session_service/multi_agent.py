@@ -190,7 +190,9 @@ class MultiAgent:
 
     async def delegate(
         self, agent: str, session_id: str, to_agent: str, task: Message, context: str
-    ) -> tuple[Session, bool]:
+    ) -> tuple[Session, bool, bool]:
+        """(the target session, whether this call created it, whether the task was a
+        duplicate: its message_ref accepted there before)."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
@@ -198,7 +200,7 @@ class MultiAgent:
         checked_message("task", task, self.core.limits.max_content_bytes)
         source = Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
 
-        def then(now: float) -> tuple[Session, bool]:
+        def then(now: float) -> tuple[Session, bool, bool]:
             receiver = self.agents.live_agent(to_agent)
             key = routing.routing_key(to_agent, source, None)
             existing = self.store.route(to_agent, key)
@@ -209,10 +211,10 @@ class MultiAgent:
                     now, to_agent, new_session_id(), key, source, lineage=lineage
                 ).session_id
             redact = self._redacts_between(agent, receiver, task)
-            self.conversations.post(now, to_agent, existing, task, redact)
-            return self.core.summary(existing), created
+            _, duplicate = self.conversations.post(now, to_agent, existing, task, redact)
+            return self.core.summary(existing), created, duplicate
 
-        result: tuple[Session, bool] = await self._gated(
+        result: tuple[Session, bool, bool] = await self._gated(
             agent, session_id, "peer.delegate", f"agent:{to_agent}", then
         )
         return result
@@ -225,7 +227,9 @@ class MultiAgent:
         source: Source | None,
         to_session_id: str,
         message: Message,
-    ) -> Event:
+    ) -> tuple[Event, bool]:
+        """(the inbox event in the receiving session, whether it is a duplicate: see
+        `Conversations.post`)."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
@@ -241,7 +245,7 @@ class MultiAgent:
         )  # a routed id
         refuse_unanswerable("message", [size], "shorten the message")
 
-        def then(now: float) -> Event:
+        def then(now: float) -> tuple[Event, bool]:
             receiver = self.agents.live_agent(to_agent)
             settings = receiver.settings
             target = to_session_id
@@ -260,5 +264,7 @@ class MultiAgent:
                 )
             return self.conversations.post(now, to_agent, target, message, redact)
 
-        result: Event = await self._gated(agent, session_id, "peer.send", f"agent:{to_agent}", then)
+        result: tuple[Event, bool] = await self._gated(
+            agent, session_id, "peer.send", f"agent:{to_agent}", then
+        )
         return result

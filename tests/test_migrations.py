@@ -98,6 +98,7 @@ def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) 
             )
         _drop_row_scope(database)
         _drop_projection_summaries(database)
+        _drop_inbound_refs(database)
         _drop_active_markers(database)
         _drop_storage_formats(database)
         _drop_sealed_targets(database)
@@ -115,6 +116,13 @@ def _drop_listing_indexes(database: Any) -> None:
     """Session rows as they were before every agent's sessions were listed (migration 7)."""
     for index in ("session_session_created_seq", "session_session_routing_key"):
         database.execute_sql(f"DROP INDEX IF EXISTS {index}")
+
+
+def _drop_inbound_refs(database: Any) -> None:
+    """A session log as it was before inbox posts kept their message_ref (migration 10)."""
+    migrator = SchemaMigrator.from_database(database)
+    migrate(migrator.drop_index("session_log", "session_log_inbound_ref"))
+    migrate(migrator.drop_column("session_log", "inbound_ref"))
 
 
 def _drop_storage_formats(database: Any) -> None:

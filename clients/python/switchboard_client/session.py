@@ -381,6 +381,28 @@ class SessionClient(BaseClient):
         request = pb.PostToInboxRequest(agent=agent, session_id=session_id, message=message)
         return self._call(self._stub.PostToInbox, request, request_id=request_id).event
 
+    def post_message(
+        self,
+        agent: str,
+        session_id: str,
+        message: pb.Message,
+        *,
+        mark_holder: str | None = None,
+        request_id: str = "",
+    ) -> pb.PostToInboxResponse:
+        """`post_to_inbox`'s whole answer: its `duplicate` is set when the session had
+        accepted the message's message_ref before (nothing was written; `event` is the
+        first post's). `mark_holder`: also set the resume mark naming it, in the same
+        transaction (how a gateway starts a turn)."""
+        request = pb.PostToInboxRequest(
+            agent=agent,
+            session_id=session_id,
+            message=message,
+            mark_resumable=mark_holder is not None,
+            resume_holder=mark_holder or "",
+        )
+        return self._call(self._stub.PostToInbox, request, request_id=request_id)
+
     def history(
         self,
         agent: str,
