@@ -281,12 +281,8 @@ class Conversations:
         The caller holds the log's write lock, so of posts racing with one ref (other
         replicas' too) exactly one is accepted. `redact`: whether its sender is hashed
         (None: as the agent's settings say); `mark`: a resume mark logged right before
-        the post."""
+        the post. The ref is compared as stored: hashed first when the post is redacted."""
         index = self.core.open_session_of(agent, session_id)
-        if message.message_ref:
-            accepted = self.store.accepted_post(session_id, message.message_ref)
-            if accepted is not None:
-                return accepted, True
         # Unversioned, both: an inbox post and a resume mark never conflict with a turn.
         posted = Event(
             agent=agent,
@@ -295,6 +291,12 @@ class Conversations:
             body=InboxPosted(message=message),
         )
         self.core.redact_senders(agent, [posted], redact)
+        assert isinstance(posted.body, InboxPosted) and posted.body.message is not None
+        stored_ref = posted.body.message.message_ref
+        if stored_ref:
+            accepted = self.store.accepted_post(session_id, stored_ref)
+            if accepted is not None:
+                return accepted, True
         self._refuse_state_growth_past_limit(session_id, [posted])
         marked = [] if mark is None else [replace(posted, body=mark)]
         return self.core.log(now, [*marked, posted], index)[-1], False

@@ -281,6 +281,53 @@ def test_send_to_peer_and_delegate_post_a_message_ref_once(team: InProcessSessio
     assert _inbox(stub, delegated, "coder") == ["write the parser"]
 
 
+def test_a_redacting_agents_repeat_is_caught_by_its_hashed_ref(service: InProcessSession) -> None:
+    """A redacting agent stores the ref hashed (ref_<24 hex>): a repeat is compared in
+    that stored form, so it writes nothing, as for any agent."""
+    stub = service.stub
+    create_agent(stub, settings=pb.AgentSettings(redact_pii=True))
+    dm: dict[str, Any] = {
+        "transport": "telegram",
+        "chat_type": pb.CHAT_TYPE_DM,
+        "chat_id": "7012345678",
+    }
+    session_id = resolve(stub, **dm).session.session_id
+    first = _post(stub, session_id, "7012345678:55", mark_resumable=True)
+    stored_ref = first.event.inbox_posted.message.message_ref
+    assert stored_ref.startswith("ref_") and "7012345678" not in stored_ref
+    logged = _log(stub)
+    again = _post(stub, session_id, "7012345678:55", mark_resumable=True)
+    assert again.duplicate and again.event == first.event
+    assert _log(stub) == logged, "nothing written, no second mark"
+    assert _inbox(stub, session_id) == ["hello"]
+
+
+def test_a_peer_message_redacted_by_its_sender_is_posted_once(service: InProcessSession) -> None:
+    """Between agents the ref is hashed when either agent redacts: the sender here, not
+    the receiver. SendToPeer's and Delegate's repeats are caught all the same."""
+    stub = service.stub
+    create_agent(stub, "coder")
+    create_agent(stub, "router", peers=["coder"], settings=pb.AgentSettings(redact_pii=True))
+    routing = resolve(stub, "router", **web()).session.session_id
+    forwarded = pb.Message(role=pb.ROLE_USER, content="fix it", sender="u-42", message_ref="tg:9:7")
+    target = pb.Source(transport="peer", conversation_id="router:chat")
+    request = pb.SendToPeerRequest(
+        agent="router", session_id=routing, to_agent="coder", source=target, message=forwarded
+    )
+    sends = [stub.SendToPeer(request) for _ in range(2)]
+    assert [send.duplicate for send in sends] == [False, True]
+    assert sends[0].event.inbox_posted.message.message_ref.startswith("ref_")
+    assert _inbox(stub, sends[0].event.session_id, "coder") == ["fix it"]
+
+    task = pb.Message(role=pb.ROLE_USER, content="parse", sender="u-42", message_ref="ticket-7")
+    delegate = pb.DelegateRequest(
+        agent="router", session_id=routing, to_agent="coder", task=task, context="t7"
+    )
+    delegations = [stub.Delegate(delegate) for _ in range(2)]
+    assert [d.duplicate for d in delegations] == [False, True]
+    assert _inbox(stub, delegations[0].session.session_id, "coder") == ["parse"]
+
+
 BAD_REFS = {
     "too long": "m" * 257,
     "a NUL": "m\x00",
