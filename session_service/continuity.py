@@ -23,14 +23,19 @@ from switchboard.errors import InvalidArgument
 MAX_HOLDER_LEN = 128
 
 
-def post_mark(mark_resumable: bool, holder: str) -> ResumeMarked | None:
+def post_mark(mark_resumable: bool, holder: str, reply_target: bytes) -> ResumeMarked | None:
     """The resume mark a PostToInbox sets beside its post (None: it sets none)."""
     validation.path_safe_id("resume_holder", holder, max_len=MAX_HOLDER_LEN, required=False)
+    validation.sealed_target("reply_target", reply_target)
     if holder and not mark_resumable:
         raise InvalidArgument(
             "resume_holder", "names the holder of a resume mark: set mark_resumable too"
         )
-    return ResumeMarked(pending=True, holder=holder) if mark_resumable else None
+    if reply_target and not mark_resumable:
+        raise InvalidArgument("reply_target", "is kept with a resume mark: set mark_resumable too")
+    if not mark_resumable:
+        return None
+    return ResumeMarked(pending=True, holder=holder, reply_target=reply_target)
 
 
 class Continuity:

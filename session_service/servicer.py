@@ -260,7 +260,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def PostToInbox(  # noqa: N802
         self, request: pb.PostToInboxRequest, context: Context
     ) -> tuple[records.Event, bool]:
-        mark = post_mark(request.mark_resumable, request.resume_holder)
+        mark = post_mark(request.mark_resumable, request.resume_holder, request.reply_target)
         return await self.conversations.post_to_inbox(
             request.agent, request.session_id, _record(records.Message, request.message), mark
         )
