@@ -334,7 +334,8 @@ export class Gateway {
     try {
       // The resume mark and the post in one transaction: a crash never leaves a stored,
       // unmarked message, and a duplicate writes neither. The mark names this instance,
-      // so a gateway booting meanwhile leaves the turn to us.
+      // so a gateway booting meanwhile leaves the turn to us, and carries the sealed
+      // target to answer.
       const posted = await this.sessions.postToInbox({
         agent: this.agent,
         sessionId: session.sessionId,
@@ -346,11 +347,9 @@ export class Gateway {
         },
         markResumable: true,
         resumeHolder: this.instanceId,
+        replyTarget: this._sealed(target),
       });
       if (posted.duplicate) return await this._duplicate(session.sessionId, inbound, delivery);
-      const sealed = this._sealed(target);
-      // The sealed target to answer, on the mark this post set.
-      if (sealed.length) await this._mark(session.sessionId, true, this.instanceId, sealed);
       return await this._runTurn(session, inbound, target);
     } finally {
       this._handling.delete(delivery);

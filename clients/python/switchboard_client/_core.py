@@ -344,26 +344,18 @@ class GatewayRules:
         try:
             # The resume mark and the post in one transaction: a crash never leaves a
             # stored, unmarked message, and a duplicate writes neither. The mark names
-            # this instance, so a gateway booting meanwhile leaves the turn to us.
+            # this instance, so a gateway booting meanwhile leaves the turn to us, and
+            # carries the sealed target to answer.
             posted = yield _sessions(
                 "post_message",
                 self.agent,
                 session.session_id,
                 message,
                 mark_holder=self.instance_id,
+                reply_target=self._sealed(target),
             )
             if posted.duplicate:
                 return (yield from self._duplicate(session.session_id, inbound, delivery))
-            sealed = self._sealed(target)
-            if sealed:  # the sealed target to answer, on the mark this post set
-                yield _sessions(
-                    "mark_resumable",
-                    self.agent,
-                    session.session_id,
-                    True,
-                    holder=self.instance_id,
-                    reply_target=sealed,
-                )
             return (yield from self._run_turn(session, inbound, target))
         finally:
             del self.handling[delivery]

@@ -388,18 +388,21 @@ class SessionClient(BaseClient):
         message: pb.Message,
         *,
         mark_holder: str | None = None,
+        reply_target: bytes = b"",
         request_id: str = "",
     ) -> pb.PostToInboxResponse:
         """`post_to_inbox`'s whole answer: its `duplicate` is set when the session had
         accepted the message's message_ref before (nothing was written; `event` is the
         first post's). `mark_holder`: also set the resume mark naming it, in the same
-        transaction (how a gateway starts a turn)."""
+        transaction (how a gateway starts a turn); `reply_target`: with it, the sealed
+        target the mark keeps (`reply_targets.ReplySealer.seal`)."""
         request = pb.PostToInboxRequest(
             agent=agent,
             session_id=session_id,
             message=message,
             mark_resumable=mark_holder is not None,
             resume_holder=mark_holder or "",
+            reply_target=reply_target,
         )
         return self._call(self._stub.PostToInbox, request, request_id=request_id)
 
