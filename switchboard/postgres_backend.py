@@ -90,7 +90,10 @@ class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc
 
     def execute_sql(self, sql: str, params: Any = None) -> Any:
         self.statements.note(sql)
-        return super().execute_sql(self._take_queued() + sql, params)
+        # peewee always has psycopg2 format the statement (params or ()), so a '%' in a
+        # queued statement's rendered values would read as a placeholder: double it.
+        queued = self._take_queued().replace("%", "%%")
+        return super().execute_sql(queued + sql, params)
 
     def cursor(self, named_cursor: Any = None) -> Any:
         cursor = super().cursor(named_cursor)
