@@ -97,7 +97,7 @@ class Conversations:
                 return self.core.summary(session_id, index), False
 
             return await self.runner.read(join)
-        routing.checked_source(source)
+        source = routing.checked_source(source, agent)
 
         def op(now: float) -> tuple[Session, bool]:
             # An existing route costs two statements after the log lock: the agent's
