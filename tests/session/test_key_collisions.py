@@ -7,6 +7,7 @@ Delegate and SendToPeer calls on both backends."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from session_service import routing
+from session_service import legacy_keys, routing
 from session_service.pii import Redactor
 from session_service.records import ChatType, RoutingPolicy, Source
 from switchboard.auth import parse_tokens
@@ -97,6 +98,21 @@ def test_distinct_sources_give_distinct_keys_with_redaction(
     collision, or when an id is already in redacted shape, which is kept.)"""
     redactor = Redactor(b"k" * 16 if keyed else None)
     _assert_injective("main", [routing.stored_source(s, redactor) for s in many], policy)
+
+
+@settings(max_examples=300, deadline=None)
+@given(source=sources(), policy=POLICIES)
+def test_an_old_key_upgrades_to_the_key_its_source_gets_now(
+    source: Source, policy: RoutingPolicy
+) -> None:
+    if source.transport == "peer":
+        # Old releases named the sender only in the id: "<agent>:<context>".
+        source = replace(source, conversation_id=f"{source.from_agent}:{source.conversation_id}")
+    old = legacy_keys.legacy_key("main", source, policy)
+    stored = replace(source, from_agent="")  # the old release stored no sender
+    assert legacy_keys.upgraded_key("main", old, stored) == routing.unbounded_key(
+        "main", source, policy
+    )
 
 
 def test_a_too_long_key_is_refused_clearly() -> None:

@@ -297,6 +297,7 @@ def test_migration_4_backfills_the_markers_from_the_rewind_records(
         # Back to schema version 3: what migrations 4 and later made, undone.
         _drop_storage_formats(database)
         database.execute_sql("DROP TABLE session_lineage")
+        database.execute_sql("DROP TABLE session_key_report")
         _drop_active_markers(database)
         database.execute_sql(f"DELETE FROM {SESSION_SCHEMA.history_table} WHERE version >= 4")
     database.close()
