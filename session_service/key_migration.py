@@ -63,6 +63,7 @@ FINDINGS = (MERGED, FORGED_PEER_THREAD, PEER_SENDER_UNKNOWN, AMBIGUOUS, UNRECOGN
 #: they are ambiguous anyway.
 _MAX_PARTS_READ = 12
 _SHOWN = 5  # ids and readings quoted per finding
+_BATCH = 500  # sessions whose messages one statement reads
 _DM_SHAPES = (
     ("chat_id",), ("chat_id", "thread_id"), ("user_id",), ("user_id", "thread_id"), ("thread_id",),
 )  # fmt: skip
@@ -219,8 +220,27 @@ class _Analysis:
         for session in sessions:
             by_key[(session.agent, session.old_key)].append(session)
         self.by_key = by_key
+        #: Per chat session, its old key's other readings (None: too many to read).
+        self._readings: dict[str, dict[str, Source] | None] = {}
+        #: Per doubtful session, the people its user messages came from.
+        self._people: dict[str, set[str]] = {}
 
     def findings(self) -> list[Finding]:
+        self._readings = {
+            session.session_id: other_readings(
+                session.agent, source, session.upgrade.policy or RoutingPolicy(), session.old_key
+            )
+            for session in self.sessions
+            if (source := session.upgrade.source) is not None
+            and source.transport not in routing.NON_CHAT_TRANSPORTS
+            and not session.upgrade.kept
+        }
+        doubtful = [
+            session.session_id
+            for session in self.sessions
+            if self._readings.get(session.session_id, {}) != {} or self._shared_key(session)
+        ]
+        self._people = self._people_of(doubtful)
         found = [self._finding(session) for session in self.sessions]
         return [f for f in found if f is not None]
 
@@ -233,7 +253,7 @@ class _Analysis:
             return self._peer_finding(session, source)
         if source.transport in routing.NON_CHAT_TRANSPORTS:
             return None  # one id, its transport's own namespace: nothing to confuse
-        return self._chat_finding(session, source, upgrade.policy or RoutingPolicy())
+        return self._chat_finding(session, source)
 
     def _row(self, session: _Session, finding: str, evidence: list[str]) -> Finding:
         status = "open" if session.status == SessionStatus.OPEN else "ended"
@@ -244,10 +264,8 @@ class _Analysis:
 
     # -- chat sessions -----------------------------------------------------------------------
 
-    def _chat_finding(
-        self, session: _Session, source: Source, policy: RoutingPolicy
-    ) -> Finding | None:
-        readings = other_readings(session.agent, source, policy, session.old_key)
+    def _chat_finding(self, session: _Session, source: Source) -> Finding | None:
+        readings = self._readings[session.session_id]
         shared = self._shared_key(session)
         if readings == {} and not shared:
             return None
@@ -274,7 +292,7 @@ class _Analysis:
     def _sender_evidence(
         self, session: _Session, source: Source, readings: dict[str, Source]
     ) -> list[str]:
-        people = self._people(session.session_id)
+        people = self._people.get(session.session_id, set())
         evidence = []
         if source.chat_type == ChatType.DM or ":u=" in session.upgrade.key:  # one person's
             if source.user_id and people - {source.user_id}:
@@ -292,21 +310,24 @@ class _Analysis:
             evidence.append(f"sender(s) {', '.join(seen[:_SHOWN])}: another reading's user")
         return evidence
 
-    def _people(self, session_id: str) -> set[str]:
-        """The senders of a session's user messages that name people (not agents)."""
-        rows = self.schema.execute(
-            "SELECT format, payload FROM session_log WHERE session_id = ? AND kind IN (?, ?) "
-            "AND active = ?",
-            (session_id, "message_appended", "inbox_posted", True),
-        ).fetchall()
-        people = set()
-        for format_number, payload in rows:
-            body = storage_format.decode_event(int(format_number), payload).body
-            message = body.message if isinstance(body, (MessageAppended, InboxPosted)) else None
-            if message is None or message.role != Role.USER:
-                continue
-            if message.sender and not message.sender.startswith("agent:"):
-                people.add(message.sender)
+    def _people_of(self, session_ids: list[str]) -> dict[str, set[str]]:
+        """Per session, the senders of its user messages that name people (not agents),
+        read a batch of sessions per statement."""
+        people: dict[str, set[str]] = defaultdict(set)
+        for start in range(0, len(session_ids), _BATCH):
+            batch = session_ids[start : start + _BATCH]
+            rows = self.schema.execute(
+                "SELECT session_id, format, payload FROM session_log WHERE kind IN (?, ?) "
+                f"AND active = ? AND session_id IN ({', '.join('?' * len(batch))})",
+                ("message_appended", "inbox_posted", True, *batch),
+            ).fetchall()
+            for session_id, format_number, payload in rows:
+                body = storage_format.decode_event(int(format_number), payload).body
+                message = body.message if isinstance(body, (MessageAppended, InboxPosted)) else None
+                if message is None or message.role != Role.USER:
+                    continue
+                if message.sender and not message.sender.startswith("agent:"):
+                    people[str(session_id)].add(message.sender)
         return people
 
     # -- peer threads ------------------------------------------------------------------------
