@@ -99,7 +99,7 @@ class Conversations:
                 return self.core.summary(session_id, index), False
 
             return await self.runner.read(join, consistent=True)  # the agent's row, the session's
-        routing.checked_source(source)
+        source = routing.checked_source(source, agent)
 
         def op(now: float) -> tuple[Session, bool]:
             # An existing route costs two statements after the log lock: the agent's

@@ -201,6 +201,21 @@ class VersionFloorRow(peewee.Model):
         table_name = "session_version_floor"
 
 
+class KeyReportRow(peewee.Model):
+    """A session the upgrade to injective routing keys reported (`key_migration`)."""
+
+    session_id = peewee.CharField(max_length=128, primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    status = peewee.CharField(max_length=16)  # "open" or "ended", at the upgrade
+    old_key = peewee.TextField()
+    new_key = peewee.TextField()
+    finding = peewee.CharField(max_length=32)  # one of `key_migration.FINDINGS`
+    evidence = peewee.TextField()
+
+    class Meta:
+        table_name = "session_key_report"
+
+
 @dataclass(frozen=True)
 class SessionIndex:
     """A session's projection row: what routing, lists and version checks read."""
@@ -308,9 +323,11 @@ class LogStore:
         self.Retention = bind_model(RetentionRow, self.database)
         self.Lineage = bind_model(LineageRow, self.database)
         self.VersionFloor = bind_model(VersionFloorRow, self.database)
+        self.KeyReport = bind_model(KeyReportRow, self.database)
         self.models = (
             self.Head, self.Event, self.Agent, self.Session, self.Route, self.Snapshot,
             self.Rewind, self.Checkpoint, self.Retention, self.Lineage, self.VersionFloor,
+            self.KeyReport,
         )  # fmt: skip
         self._q = self.database.param
         self._select_session, self._upsert_session = self._row_sql(
@@ -1022,6 +1039,10 @@ class LogStore:
             [str(name) for (name,) in tuples(agents)],
             [str(session_id) for (session_id,) in tuples(sessions)],
         )
+
+    def key_report(self) -> list[dict[str, Any]]:
+        """The rows of `session_key_report` (the upgrade to injective keys), in no order."""
+        return dicts(self.KeyReport.select())
 
     def route(self, agent: str, routing_key: str) -> str | None:
         row = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import peewee
 
+from session_service import key_migration
 from switchboard.idempotency import SESSION_REQUESTS, RequestRecordV1
 from switchboard.migrations import Component, Schema
 
@@ -269,6 +270,26 @@ def inbound_refs(schema: Schema) -> None:
     )
 
 
+class KeyReportV11(peewee.Model):
+    session_id = peewee.CharField(max_length=128, primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    status = peewee.CharField(max_length=16)
+    old_key = peewee.TextField()
+    new_key = peewee.TextField()
+    finding = peewee.CharField(max_length=32)
+    evidence = peewee.TextField()
+
+    class Meta:
+        table_name = "session_key_report"
+
+
+def injective_routing_keys(schema: Schema) -> None:
+    """Routing keys in the injective encoding; sessions old keys may have merged, reported."""
+    # The log keeps its old keys (its rows are storage format 1, read upgraded).
+    schema.create_tables(KeyReportV11)
+    key_migration.migrate(schema)
+
+
 MIGRATIONS = (
     baseline,
     request_records,
@@ -280,6 +301,7 @@ MIGRATIONS = (
     version_floors,
     shared_settings,
     inbound_refs,
+    injective_routing_keys,
 )
 
 SESSION_SCHEMA = Component(

@@ -8,7 +8,7 @@ committed as an audit event on its own, then answered PERMISSION_DENIED.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from session_service import convert, permissions, pii, routing
@@ -198,7 +198,9 @@ class MultiAgent:
         agent_name("to_agent", to_agent)
         validation.routing_key("context", context or "default", max_len=256)
         checked_message("task", task, self.core.limits.max_content_bytes)
-        source = Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
+        task = _sent_by(agent, "task", task)
+        conversation_id = f"{agent}:{context or 'default'}"
+        source = Source(transport=routing.PEER, conversation_id=conversation_id, from_agent=agent)
 
         def then(now: float) -> tuple[Session, bool, bool]:
             receiver = self.agents.live_agent(to_agent)
@@ -234,8 +236,9 @@ class MultiAgent:
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
         checked_message("message", message, self.core.limits.max_content_bytes)
+        message = _sent_by(agent, "message", message)
         if source is not None:
-            routing.checked_source(source)
+            source = routing.checked_source(source, agent)
         elif to_session_id:
             checked_session_id(to_session_id)
         else:
@@ -268,3 +271,20 @@ class MultiAgent:
             agent, session_id, "peer.send", f"agent:{to_agent}", then
         )
         return result
+
+
+def _sent_by(agent: str, field: str, message: Message) -> Message:
+    """A message between agents as stored: sent by the calling agent. An empty sender
+    becomes "agent:<agent>"; one naming another agent is refused (the receiver would
+    take it for that agent's word); a person's id, relayed by the agent, is kept."""
+    own = f"agent:{agent}"
+    if not message.sender:
+        return replace(message, sender=own)
+    if message.sender.startswith("agent:") and message.sender != own:
+        raise InvalidArgument(
+            f"{field}.sender",
+            f"names {message.sender[:80]!r}, but this call is agent {agent!r}'s: a message "
+            f"between agents is sent as its calling agent; give {own!r} or leave it empty",
+            reason="PEER_SENDER_MISMATCH",
+        )
+    return message

@@ -329,7 +329,11 @@ def test_the_release_fixture_migrates_and_reads_back_as_the_old_code_saw_it(
     ):
         session_stub = spb_grpc.SessionServiceStub(sessions.channel)
         delivery_stub = dpb_grpc.DeliveryServiceStub(ledger.channel)
-        assert reads.read_sessions(session_stub, expected["head"]) == expected["sessions"]
+        # Migration 11 keyed the sessions (and reads the log's keys) in the injective
+        # encoding; everything else reads as that release saw it.
+        assert reads.read_sessions(session_stub, expected["head"]) == _rekeyed(
+            expected["sessions"], FIXTURE_KEYS
+        )
         got = reads.read_ledger(delivery_stub, expected["instance_ids"])
         # Migration 4 filled in what that release did not know: each row's agent
         # (from its session key) and gateway (its owner's). The rest reads the same.
@@ -345,6 +349,26 @@ def test_the_release_fixture_migrates_and_reads_back_as_the_old_code_saw_it(
     with database.connection_context():
         diff = diff_models(database, LogStore(session_backend).models)
     assert not diff, str(diff)
+
+
+#: The fixture's routing keys, as that release wrote them and in the injective encoding.
+FIXTURE_KEYS = {
+    "agent:alpha:web:c-1": "agent:alpha:web:id=c-1",
+    "agent:beta:web:c-2": "agent:beta:web:id=c-2",
+    "agent:beta:slack:channel:C1:U1": "agent:beta:slack:channel:c=C1:u=U1",
+}
+
+
+def _rekeyed(read: Any, keys: dict[str, str]) -> Any:
+    """`read` with every `routing_key` value renamed by `keys`."""
+    if isinstance(read, dict):
+        return {
+            name: keys[value] if name == "routing_key" else _rekeyed(value, keys)
+            for name, value in read.items()
+        }
+    if isinstance(read, list):
+        return [_rekeyed(item, keys) for item in read]
+    return read
 
 
 # -- refusals --------------------------------------------------------------------------------

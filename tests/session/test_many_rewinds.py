@@ -304,6 +304,7 @@ def test_migration_4_backfills_the_markers_from_the_rewind_records(
         database.execute_sql("DROP TABLE session_lineage")
         database.execute_sql("DROP TABLE session_version_floor")
         database.execute_sql("DROP TABLE session_shared_setting")
+        database.execute_sql("DROP TABLE session_key_report")
         _drop_active_markers(database)
         database.execute_sql(f"DELETE FROM {SESSION_SCHEMA.history_table} WHERE version >= 4")
     database.close()

@@ -170,7 +170,8 @@ def test_delegate_opens_then_resumes_a_peer_session_with_lineage(team: InProcess
     assert first.created and not again.created
     assert first.session.session_id == again.session.session_id
     assert first.session.agent == "coder"
-    assert first.session.routing_key == "agent:coder:peer:planner:ticket-7"
+    assert first.session.routing_key == "agent:coder:peer:from=planner:id=planner%3Aticket-7"
+    assert first.session.source.from_agent == "planner"
     assert first.session.lineage.parent_session_id == planning
     assert first.session.lineage.delegated
     state = team.stub.GetSessionState(

@@ -599,8 +599,9 @@ class SessionClient(BaseClient):
         context: str = "",
         request_id: str = "",
     ) -> pb.DelegateResponse:
-        """Hands `task` to a peer agent's session for "peer:<agent>:<context>" (gated by
-        "peer.delegate"); the same context resumes the same session."""
+        """Hands `task` to a peer agent's session for the peer conversation
+        "<agent>:<context>" sent by `agent` (gated by "peer.delegate"); the same context
+        resumes the same session. An empty task sender is stored as "agent:<agent>"."""
         request = pb.DelegateRequest(
             agent=agent, session_id=session_id, to_agent=to_agent, task=task, context=context
         )
@@ -618,7 +619,9 @@ class SessionClient(BaseClient):
         request_id: str = "",
     ) -> pb.Event:
         """Puts `message` into a peer agent's session inbox (gated by "peer.send"):
-        the session `to_session_id`, or the one `source` routes to."""
+        the session `to_session_id`, or the one `source` routes to (a peer source is
+        `agent`'s own thread: the service sets its from_agent). A sender naming another
+        agent is INVALID_ARGUMENT; an empty one is stored as "agent:<agent>"."""
         request = pb.SendToPeerRequest(
             agent=agent, session_id=session_id, to_agent=to_agent, message=message
         )
