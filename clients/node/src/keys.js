@@ -8,9 +8,9 @@
 //   agent:<agent>:peer:from=<fromAgent>:id=<conversation id>         peer
 //
 // with '%' and ':' in every id written '%25' and '%3A'. Build from the source as
-// the service stores it: for an agent that redacts PII its chat and user ids are
-// hashed with the service's PII key first (so such keys need that key); a peer
-// source names its sending agent in `fromAgent`.
+// the service stores it: for an agent that redacts PII its chat, thread and user
+// ids are hashed with the service's PII key first (so such keys need that key); a
+// peer source names its sending agent in `fromAgent`.
 
 export const NON_CHAT_TRANSPORTS = Object.freeze(new Set(['web', 'cron', 'repl', 'peer']));
 export const MAX_ROUTING_KEY_LEN = 512;

@@ -10,9 +10,9 @@ published vectors (protos/testdata/session_keys.json), is injective:
     agent:<agent>:peer:from=<from_agent>:id=<conversation id>         peer
 
 with '%' and ':' in every id written '%25' and '%3A'. Build from the source as the
-service stores it: for an agent that redacts PII its chat and user ids are hashed
-with the service's PII key first (so such keys need that key); a peer source names
-its sending agent in `from_agent`.
+service stores it: for an agent that redacts PII its chat, thread and user ids are
+hashed with the service's PII key first (so such keys need that key); a peer source
+names its sending agent in `from_agent`.
 """
 
 from __future__ import annotations
