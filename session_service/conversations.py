@@ -29,6 +29,7 @@ from session_service.records import (
     Narrowing,
     OutboxQueued,
     ResumeMarked,
+    RoutingPolicy,
     Session,
     SessionEnded,
     SessionOpened,
@@ -106,8 +107,9 @@ class Conversations:
             # row, then the route joined with its session's row.
             settings = self.agents.live_agent_summary(agent).settings
             stored = routing.stored_source(source, self.core.redactor_for(settings))
-            key = routing.routing_key(agent, stored, settings.routing if settings else None)
-            existing = self.store.routed_session(agent, key)
+            policy = settings.routing if settings else None
+            key = routing.routing_key(agent, stored, policy)
+            existing = self.routed_session(agent, key, source, stored, policy)
             if existing is not None:
                 current = self.core.summary(existing.session_id, existing)
                 reason = freshness.reset_reason(settings, current, now)
@@ -191,14 +193,49 @@ class Conversations:
         result: tuple[Session, Session] = await self.core.write(op)
         return result
 
+    def routed_session(
+        self,
+        agent: str,
+        key: str,
+        source: Source,
+        stored: Source,
+        policy: RoutingPolicy | None,
+    ) -> SessionIndex | None:
+        """The session `key` (of `source`, stored as `stored`) routes to. A redacting
+        agent's conversation in a thread that began before thread ids were hashed is
+        keyed with its raw thread: found by that key, it keeps its session (until a
+        reset opens the next one under `key`, see `reset_now`). The second look costs
+        a statement only when `key` routes nowhere and the thread was hashed."""
+        found = self.store.routed_session(agent, key)
+        if found is not None:
+            return found
+        before_hashing = routing.key_with_raw_thread(agent, source, stored, policy)
+        return None if before_hashing is None else self.store.routed_session(agent, before_hashing)
+
     def reset_now(self, now: float, agent: str, session_id: str, reason: str) -> Session:
         """Ends a session with a reason and opens a fresh one on its routing key."""
         index = self.core.open_session_of(agent, session_id)
         old = self.core.summary(session_id, index)
         self.core.log(now, [self._ended_event(index, reason)])
-        return self.open_session(
-            now, agent, new_session_id(), index.routing_key, old.source or Source()
-        )
+        key, source = self._successor_key(agent, index.routing_key, old.source or Source())
+        return self.open_session(now, agent, new_session_id(), key, source)
+
+    def _successor_key(self, agent: str, key: str, source: Source) -> tuple[str, Source]:
+        """The key and source a reset's new session gets: its predecessor's, but for a
+        redacting agent's session from before thread ids were hashed, whose successor
+        is keyed and stored with the thread hashed (as a new conversation in that thread
+        is), so that no new session stores the raw thread. A key that is not the one
+        its source gives now (another policy, kept by the key migration) is kept."""
+        if not routing.holds_raw_thread(source):
+            return key, source
+        settings = self.agents.live_agent_summary(agent).settings
+        redactor = self.core.redactor_for(settings)
+        policy = settings.routing if settings else None
+        if redactor is None or routing.unbounded_key(agent, source, policy) != key:
+            return key, source
+        hashed = routing.stored_source(source, redactor)
+        new_key = routing.unbounded_key(agent, hashed, policy)
+        return (key, source) if len(new_key) > routing.MAX_ROUTING_KEY_LEN else (new_key, hashed)
 
     async def append(
         self,

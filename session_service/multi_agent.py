@@ -258,10 +258,13 @@ class MultiAgent:
                 # leaves it raw (a receiver that does not redact keeps such a chat apart
                 # from the one its own gateway routes with raw ids).
                 stored = routing.stored_source(source, self.core.redactor if redact else None)
-                key = routing.routing_key(to_agent, stored, settings.routing if settings else None)
+                policy = settings.routing if settings else None
+                key = routing.routing_key(to_agent, stored, policy)
+                routed = self.conversations.routed_session(to_agent, key, source, stored, policy)
                 target = (
-                    self.store.route(to_agent, key)
-                    or self.conversations.open_session(
+                    routed.session_id
+                    if routed is not None
+                    else self.conversations.open_session(
                         now, to_agent, new_session_id(), key, stored
                     ).session_id
                 )

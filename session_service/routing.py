@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from session_service import pii
 from session_service.pii import Redactor
 from session_service.records import ChatType, RoutingPolicy, Source
 from switchboard import validation
@@ -95,6 +96,28 @@ def stored_source(source: Source, redactor: Redactor | None) -> Source:
         stored.user_id = redactor.user(source.user_id)
         stored.thread_id = redactor.thread(source.thread_id)
     return stored
+
+
+def key_with_raw_thread(
+    agent: str, source: Source, stored: Source, policy: RoutingPolicy | None
+) -> str | None:
+    """The key a redacting agent's conversation in a thread got before thread ids were
+    hashed (releases before this one hashed only chat and user ids; the key migration
+    rebuilt such keys from the stored sources, raw threads and all): `stored` with the
+    raw thread of `source`. None when `stored` holds the thread as given."""
+    if stored.thread_id == source.thread_id:
+        return None
+    return unbounded_key(agent, replace(stored, thread_id=source.thread_id), policy)
+
+
+def holds_raw_thread(source: Source) -> bool:
+    """Whether a stored chat source keeps its thread id unhashed (a redacting agent's
+    session from before thread ids were hashed, or any non-redacting agent's)."""
+    return (
+        source.transport not in NON_CHAT_TRANSPORTS
+        and bool(source.thread_id)
+        and not pii.is_redacted_thread(source.thread_id)
+    )
 
 
 def routing_key(agent: str, source: Source, policy: RoutingPolicy | None) -> str:
