@@ -45,6 +45,10 @@ NEW_KEYS = {
         "agent:private:telegram:dm:c=telegram%3A91a73fd806ab",
     "agent:private:telegram:group:telegram:9c83dedcb375:user_5e968ce47ce4":
         "agent:private:telegram:group:c=telegram%3A9c83dedcb375:u=user_5e968ce47ce4",
+    "agent:private:telegram:group:telegram:109b035303de:17585":
+        "agent:private:telegram:group:c=telegram%3A109b035303de:t=17585",
+    "agent:private:slack:dm:T1:slack:1f355930beb5:171.002":
+        "agent:private:slack:dm:s=T1:c=slack%3A1f355930beb5:t=171.002",
     "agent:plain:telegram:dm:x:y": "agent:plain:telegram:dm:c=x%3Ay",
     "agent:planner:web:plan": "agent:planner:web:id=plan",
     "agent:mallory:web:plot": "agent:mallory:web:id=plot",
@@ -149,6 +153,50 @@ def test_the_second_conversation_of_a_merged_pair_continues_alone(
         assert _history(upgraded, conversation["agent"], answer.session.session_id) == []
         assert f"{name}: a message" in _history(upgraded, conversation["agent"], merged)
         assert merged in REPORTED
+
+
+#: The redacting agent's threaded conversations, stored with raw threads by 89c0bf6.
+PRIVATE_THREADS = {"private-topic": "17585", "private-slack-dm-thread": "171.002"}
+
+
+def test_a_redacting_agents_threads_keep_their_sessions_until_a_reset(
+    upgraded: InProcessSession,
+) -> None:
+    """Thread ids of redacting agents are hashed now; their conversations from before
+    keep their sessions, keyed with the raw thread, by ResolveSession and by a peer's
+    SendToPeer. A reset's next session is keyed and stored with the thread hashed, and
+    the conversation continues there."""
+    stub = upgraded.stub
+    stub.CreateAgent(pb.CreateAgentRequest(agent=pb.Agent(name="relay", peers=["private"])))
+    relaying = stub.ResolveSession(
+        pb.ResolveSessionRequest(
+            agent="relay", source=pb.Source(transport="web", conversation_id="r")
+        )
+    ).session.session_id
+    for name, thread in PRIVATE_THREADS.items():
+        old_id = CONVERSATIONS[name]["session_id"]
+        answer = _resolve(upgraded, name)
+        assert (answer.session.session_id, answer.created) == (old_id, False), name
+        assert f":t={thread}" in answer.session.routing_key, "its key as the migration left it"
+        sent = stub.SendToPeer(
+            pb.SendToPeerRequest(
+                agent="relay", session_id=relaying, to_agent="private",
+                source=pb.Source(**CONVERSATIONS[name]["source"]),
+                message=pb.Message(role=pb.ROLE_USER, content="relayed"),
+            )
+        )  # fmt: skip
+        assert sent.event.session_id == old_id, name
+
+        reset = stub.ResetSession(
+            pb.ResetSessionRequest(agent="private", session_id=old_id, reason="/new")
+        ).session
+        hashed = f"thread_{key_sample._sha12(thread)}"
+        assert reset.source.thread_id == hashed and reset.routing_key.endswith(f":t={hashed}")
+        assert thread not in reset.routing_key
+        again = _resolve(upgraded, name)
+        assert (again.session.session_id, again.created) == (reset.session_id, False), name
+    report = recovery.rebuild(upgraded.unit.core)
+    assert not report.differed, report.differences
 
 
 def test_peer_threads_resolve_for_their_sender_only(upgraded: InProcessSession) -> None:

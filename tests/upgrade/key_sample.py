@@ -206,6 +206,33 @@ CONVERSATIONS: list[tuple[str, str, dict[str, Any], str]] = [
         },
         "999",
     ),
+    # A redacting agent's own threads: that release stored their thread ids raw (the
+    # release after it hashes them), each conversation in a session of its own.
+    (
+        "private-topic",
+        "private",
+        {
+            "transport": "telegram",
+            "chat_type": GROUP,
+            "chat_id": "-100555",
+            "thread_id": "17585",
+            "user_id": "321",
+        },
+        "321",
+    ),
+    (
+        "private-slack-dm-thread",
+        "private",
+        {
+            "transport": "slack",
+            "chat_type": DM,
+            "scope_id": "T1",
+            "chat_id": "D55",
+            "thread_id": "171.002",
+            "user_id": "U55",
+        },
+        "U55",
+    ),
 ]
 
 

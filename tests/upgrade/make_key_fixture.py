@@ -4,7 +4,8 @@ Run it with the release that had the colliding keys (commit 89c0bf6) first on th
 path, as tests/upgrade/make_fixture.py describes for the earlier fixture:
 
     git archive 89c0bf6 | tar -x -C /tmp/old
-    cp switchboard/session/v1/*_pb2*.py* /tmp/old/switchboard/session/v1/  (the stubs)
+    cd /tmp/old && python -m grpc_tools.protoc --proto_path protos --python_out=. \
+        --grpc_python_out=. protos/switchboard/*/v1/*.proto   (that release's stubs)
     cp -r tests/upgrade /tmp/old/tests/
     cd /tmp/old && PYTHONPATH=/tmp/old python -m tests.upgrade.make_key_fixture OUT_DIR
 
