@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.servers import postgres_schema, postgres_unreachable_reason
-from session_service import convert, records
+from session_service import convert, records, routing
 from session_service.agents import Agents
 from session_service.conversations import Conversations, new_session_id
 from session_service.core import Core, SessionLimits
@@ -68,11 +68,11 @@ def seed(sessions: Core, count: int, messages: int) -> None:
         created = pb.Event(agent="bench", agent_created=pb.AgentCreated(agent=agent))
         sessions.log(now, [convert.event(created)])
         for n in range(count):
-            source = pb.Source(transport="web", conversation_id=f"tab-{n}")
-            key = f"agent:bench:web:tab-{n}"
-            session_id = conversations.open_session(
-                now, "bench", new_session_id(), key, convert.to_record(records.Source, source)
+            source = convert.to_record(
+                records.Source, pb.Source(transport="web", conversation_id=f"tab-{n}")
             )
+            key = routing.routing_key("bench", source, None)
+            session_id = conversations.open_session(now, "bench", new_session_id(), key, source)
             index = sessions.store.session_index(session_id.session_id)
             assert index is not None
             events = [

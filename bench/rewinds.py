@@ -37,7 +37,7 @@ from bench.servers import (
     running_server,
     temp_dir,
 )
-from session_service import convert, records
+from session_service import convert, records, routing
 from session_service.agents import Agents
 from session_service.app import SessionUnit
 from session_service.conversations import Conversations, new_session_id
@@ -89,9 +89,8 @@ def _seed(unit: SessionUnit, rewinds: int, say: Callable[[str], None]) -> str:
         sessions.log(now, [convert.event(pb.Event(agent="bench", agent_created=pb.AgentCreated(
             agent=pb.Agent(name="bench"))))])  # fmt: skip
         source = records.Source(transport="web", conversation_id="tab")
-        opened = conversations.open_session(
-            now, "bench", new_session_id(), "agent:bench:web:tab", source
-        )
+        key = routing.routing_key("bench", source, None)
+        opened = conversations.open_session(now, "bench", new_session_id(), key, source)
         return str(opened.session_id)
 
     session_id: str = unit.runner.submit_write(open_one).result()

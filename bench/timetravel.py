@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from session_service import convert, records, storage_format
+from session_service import convert, records, routing, storage_format
 from session_service.agents import Agents
 from session_service.conversations import Conversations, new_session_id
 from session_service.core import Core, SessionLimits
@@ -68,14 +68,11 @@ def seed(url: str, events: int, sessions: int = SESSIONS) -> int:
             core.log(now, [convert.event(created)])
             ids = []
             for n in range(sessions):
-                source = pb.Source(transport="web", conversation_id=f"tab-{n}")
-                session = conversations.open_session(
-                    now,
-                    "bench",
-                    new_session_id(),
-                    f"agent:bench:web:tab-{n}",
-                    convert.to_record(records.Source, source),
+                source = convert.to_record(
+                    records.Source, pb.Source(transport="web", conversation_id=f"tab-{n}")
                 )
+                key = routing.routing_key("bench", source, None)
+                session = conversations.open_session(now, "bench", new_session_id(), key, source)
                 ids.append(session.session_id)
             return ids
 

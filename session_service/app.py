@@ -12,7 +12,7 @@ import grpc
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
-from session_service import pii, recovery
+from session_service import key_migration, pii, recovery
 from session_service.core import Core, SessionLimits
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
@@ -111,6 +111,7 @@ class SessionUnit:
         self.core = Core(self.runner, self.store, self.limits, redactor)
         self.head = recovery.verify(self.core)
         recovery.fill_summaries(self.core)
+        key_migration.announce(self.store)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(

@@ -26,6 +26,7 @@ from switchboard.errors import InvalidArgument
 _AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _SESSION_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 MAX_EVENTS_PER_APPEND = 100
+MAX_MESSAGE_REF_CHARS = 256
 #: An agent travels whole in GetAgent, PutMemory and GetSessionState answers; kept well
 #: below gRPC's default 4 MiB receive limit so that every client can still read it.
 MAX_AGENT_BYTES = 1024 * 1024
@@ -91,7 +92,7 @@ def checked_message(field: str, message: Message | None, max_content_bytes: int)
             reason="CONTENT_TOO_LARGE",
         )
     validation.text(f"{field}.sender", message.sender, max_len=256)
-    validation.text(f"{field}.message_ref", message.message_ref, max_len=256)
+    checked_message_ref(f"{field}.message_ref", message.message_ref)
     validation.text(f"{field}.tool_call_id", message.tool_call_id, max_len=256)
     for index, call in enumerate(message.tool_calls):
         validation.text(f"{field}.tool_calls[{index}].id", call.id, max_len=256, required=True)
@@ -104,6 +105,21 @@ def checked_message(field: str, message: Message | None, max_content_bytes: int)
         )
     validation.string_map(f"{field}.metadata", message.metadata)
     return message
+
+
+def checked_message_ref(field: str, value: str) -> str:
+    """A platform's message id: the key an inbox accepts one post per (see
+    `LogStore.accepted_post`), so every character must be one a person can read
+    back in a log or an error: no control, format, separator (but the space),
+    private-use or unassigned characters."""
+    validation.text(field, value, max_len=MAX_MESSAGE_REF_CHARS)
+    if not value.isprintable():
+        raise InvalidArgument(
+            field,
+            "must be printable: no control, format, private-use or unassigned characters, "
+            "and no separators other than the space",
+        )
+    return value
 
 
 def checked_agent(agent: Agent) -> None:

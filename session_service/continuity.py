@@ -17,9 +17,25 @@ from session_service.core import Core
 from session_service.freshness import EXPIRED, is_stale
 from session_service.records import Event, ResumeMarked, Session, SuspensionChanged
 from switchboard import validation
+from switchboard.errors import InvalidArgument
 
 #: Longest resume-mark holder id (the reference gateway's instance ids are 32 characters).
 MAX_HOLDER_LEN = 128
+
+
+def post_mark(mark_resumable: bool, holder: str, reply_target: bytes) -> ResumeMarked | None:
+    """The resume mark a PostToInbox sets beside its post (None: it sets none)."""
+    validation.path_safe_id("resume_holder", holder, max_len=MAX_HOLDER_LEN, required=False)
+    validation.sealed_target("reply_target", reply_target)
+    if holder and not mark_resumable:
+        raise InvalidArgument(
+            "resume_holder", "names the holder of a resume mark: set mark_resumable too"
+        )
+    if reply_target and not mark_resumable:
+        raise InvalidArgument("reply_target", "is kept with a resume mark: set mark_resumable too")
+    if not mark_resumable:
+        return None
+    return ResumeMarked(pending=True, holder=holder, reply_target=reply_target)
 
 
 class Continuity:

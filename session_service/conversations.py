@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 
 from session_service import convert, freshness, routing
 from session_service.agents import Agents
@@ -27,6 +28,8 @@ from session_service.records import (
     Message,
     Narrowing,
     OutboxQueued,
+    ResumeMarked,
+    RoutingPolicy,
     Session,
     SessionEnded,
     SessionOpened,
@@ -97,15 +100,16 @@ class Conversations:
                 return self.core.summary(session_id, index), False
 
             return await self.runner.read(join, consistent=True)  # the agent's row, the session's
-        routing.checked_source(source)
+        source = routing.checked_source(source, agent)
 
         def op(now: float) -> tuple[Session, bool]:
             # An existing route costs two statements after the log lock: the agent's
             # row, then the route joined with its session's row.
             settings = self.agents.live_agent_summary(agent).settings
             stored = routing.stored_source(source, self.core.redactor_for(settings))
-            key = routing.routing_key(agent, stored, settings.routing if settings else None)
-            existing = self.store.routed_session(agent, key)
+            policy = settings.routing if settings else None
+            key = routing.routing_key(agent, stored, policy)
+            existing = self.routed_session(agent, key, source, stored, policy)
             if existing is not None:
                 current = self.core.summary(existing.session_id, existing)
                 reason = freshness.reset_reason(settings, current, now)
@@ -189,14 +193,49 @@ class Conversations:
         result: tuple[Session, Session] = await self.core.write(op)
         return result
 
+    def routed_session(
+        self,
+        agent: str,
+        key: str,
+        source: Source,
+        stored: Source,
+        policy: RoutingPolicy | None,
+    ) -> SessionIndex | None:
+        """The session `key` (of `source`, stored as `stored`) routes to. A redacting
+        agent's conversation in a thread that began before thread ids were hashed is
+        keyed with its raw thread: found by that key, it keeps its session (until a
+        reset opens the next one under `key`, see `reset_now`). The second look costs
+        a statement only when `key` routes nowhere and the thread was hashed."""
+        found = self.store.routed_session(agent, key)
+        if found is not None:
+            return found
+        before_hashing = routing.key_with_raw_thread(agent, source, stored, policy)
+        return None if before_hashing is None else self.store.routed_session(agent, before_hashing)
+
     def reset_now(self, now: float, agent: str, session_id: str, reason: str) -> Session:
         """Ends a session with a reason and opens a fresh one on its routing key."""
         index = self.core.open_session_of(agent, session_id)
         old = self.core.summary(session_id, index)
         self.core.log(now, [self._ended_event(index, reason)])
-        return self.open_session(
-            now, agent, new_session_id(), index.routing_key, old.source or Source()
-        )
+        key, source = self._successor_key(agent, index.routing_key, old.source or Source())
+        return self.open_session(now, agent, new_session_id(), key, source)
+
+    def _successor_key(self, agent: str, key: str, source: Source) -> tuple[str, Source]:
+        """The key and source a reset's new session gets: its predecessor's, but for a
+        redacting agent's session from before thread ids were hashed, whose successor
+        is keyed and stored with the thread hashed (as a new conversation in that thread
+        is), so that no new session stores the raw thread. A key that is not the one
+        its source gives now (another policy, kept by the key migration) is kept."""
+        if not routing.holds_raw_thread(source):
+            return key, source
+        settings = self.agents.live_agent_summary(agent).settings
+        redactor = self.core.redactor_for(settings)
+        policy = settings.routing if settings else None
+        if redactor is None or routing.unbounded_key(agent, source, policy) != key:
+            return key, source
+        hashed = routing.stored_source(source, redactor)
+        new_key = routing.unbounded_key(agent, hashed, policy)
+        return (key, source) if len(new_key) > routing.MAX_ROUTING_KEY_LEN else (new_key, hashed)
 
     async def append(
         self,
@@ -248,15 +287,19 @@ class Conversations:
         result: tuple[list[Event], int, list[int]] = await self.core.write(op)
         return result
 
-    async def post_to_inbox(self, agent: str, session_id: str, message: Message) -> Event:
+    async def post_to_inbox(
+        self, agent: str, session_id: str, message: Message, mark: ResumeMarked | None = None
+    ) -> tuple[Event, bool]:
+        """(the post's event, whether it is a duplicate: see `post`). `mark`: a resume
+        mark logged in the same transaction, right before the post (not for a duplicate)."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         checked_message("message", message, self.core.limits.max_content_bytes)
         size = convert.encoded_size(message) + len(agent) + len(session_id)
         refuse_unanswerable("message", [size], "shorten the message")
 
-        result: Event = await self.core.write(
-            lambda now: self.post(now, agent, session_id, message)
+        result: tuple[Event, bool] = await self.core.write(
+            lambda now: self.post(now, agent, session_id, message, mark=mark)
         )
         return result
 
@@ -267,19 +310,33 @@ class Conversations:
         session_id: str,
         message: Message,
         redact: bool | None = None,
-    ) -> Event:
-        """Puts a message into an open session's inbox (in the caller's transaction).
-        `redact`: whether its sender is hashed (None: as the agent's settings say)."""
+        mark: ResumeMarked | None = None,
+    ) -> tuple[Event, bool]:
+        """Puts a message into an open session's inbox (in the caller's transaction):
+        (its event, False). A message_ref the session accepted before is a platform's
+        message posted again: (the first post's event, True), and nothing is written.
+        The caller holds the log's write lock, so of posts racing with one ref (other
+        replicas' too) exactly one is accepted. `redact`: whether its sender is hashed
+        (None: as the agent's settings say); `mark`: a resume mark logged right before
+        the post. The ref is compared as stored: hashed first when the post is redacted."""
         index = self.core.open_session_of(agent, session_id)
+        # Unversioned, both: an inbox post and a resume mark never conflict with a turn.
         posted = Event(
             agent=agent,
             session_id=session_id,
-            session_version=index.version,  # unversioned: never conflicts with a turn
+            session_version=index.version,
             body=InboxPosted(message=message),
         )
         self.core.redact_senders(agent, [posted], redact)
+        assert isinstance(posted.body, InboxPosted) and posted.body.message is not None
+        stored_ref = posted.body.message.message_ref
+        if stored_ref:
+            accepted = self.store.accepted_post(session_id, stored_ref)
+            if accepted is not None:
+                return accepted, True
         self._refuse_state_growth_past_limit(session_id, [posted])
-        return self.core.log(now, [posted], index)[0]
+        marked = [] if mark is None else [replace(posted, body=mark)]
+        return self.core.log(now, [*marked, posted], index)[-1], False
 
     def _refuse_state_growth_past_limit(self, session_id: str, events: Sequence[Event]) -> None:
         growth = sum(convert.encoded_size(e) for e in events if isinstance(e.body, _STATE_GROWING))

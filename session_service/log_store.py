@@ -22,6 +22,7 @@ from session_service import convert, replay, storage_format
 from session_service.records import (
     Agent,
     Event,
+    InboxPosted,
     LogBranch,
     MessageAppended,
     Role,
@@ -34,6 +35,13 @@ from switchboard import pagination
 from switchboard.database import Backend, bind_model, dicts, tuples
 
 S = TypeVar("S", Agent, SessionState)
+
+#: The log rows that accept a platform message into a session: inbox posts with a
+#: message_ref, on the current timeline. Raw SQL (a boolean column alone), the same
+#: text in the unique index and in the lookup, so that SQLite sees the lookup
+#: matches the partial index.
+ACCEPTED_POSTS = "inbound_ref IS NOT NULL AND active"
+INBOUND_REF_INDEX = "session_log_inbound_ref"
 
 
 class LogHeadRow(peewee.Model):
@@ -57,6 +65,9 @@ class EventRow(peewee.Model):
     # Part of the current timeline: False once a rewind abandons the row, True again
     # when a checkout restores it. Written by the move itself (see `mark`).
     active = peewee.BooleanField()
+    # An inbox post's message_ref (NULL for every other row, and for posts without
+    # one): unique per session among active rows, see `LogStore.accepted_post`.
+    inbound_ref = peewee.TextField(null=True)
 
     class Meta:
         table_name = "session_log"
@@ -68,6 +79,13 @@ class EventRow(peewee.Model):
             (("session_id", "active", "seq"), False),
             (("agent", "session_id", "active", "seq"), False),
             (("session_id", "kind", "active", "seq"), False),  # a history page
+            peewee.Index(
+                INBOUND_REF_INDEX,
+                peewee.Table("session_log"),
+                [peewee.SQL("session_id"), peewee.SQL("inbound_ref")],
+                unique=True,
+                where=peewee.SQL(ACCEPTED_POSTS),
+            ),
         )
 
 
@@ -183,6 +201,21 @@ class VersionFloorRow(peewee.Model):
         table_name = "session_version_floor"
 
 
+class KeyReportRow(peewee.Model):
+    """A session the upgrade to injective routing keys reported (`key_migration`)."""
+
+    session_id = peewee.CharField(max_length=128, primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    status = peewee.CharField(max_length=16)  # "open" or "ended", at the upgrade
+    old_key = peewee.TextField()
+    new_key = peewee.TextField()
+    finding = peewee.CharField(max_length=32)  # one of `key_migration.FINDINGS`
+    evidence = peewee.TextField()
+
+    class Meta:
+        table_name = "session_key_report"
+
+
 @dataclass(frozen=True)
 class SessionIndex:
     """A session's projection row: what routing, lists and version checks read."""
@@ -290,9 +323,11 @@ class LogStore:
         self.Retention = bind_model(RetentionRow, self.database)
         self.Lineage = bind_model(LineageRow, self.database)
         self.VersionFloor = bind_model(VersionFloorRow, self.database)
+        self.KeyReport = bind_model(KeyReportRow, self.database)
         self.models = (
             self.Head, self.Event, self.Agent, self.Session, self.Route, self.Snapshot,
             self.Rewind, self.Checkpoint, self.Retention, self.Lineage, self.VersionFloor,
+            self.KeyReport,
         )  # fmt: skip
         self._q = self.database.param
         self._select_session, self._upsert_session = self._row_sql(
@@ -313,8 +348,12 @@ class LogStore:
         )
         self._insert_events = self._sql(
             "INSERT INTO session_log "
-            "(seq, agent, session_id, kind, format, payload, tool_ref, active) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+            "(seq, agent, session_id, kind, format, payload, tool_ref, active, inbound_ref) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )
+        self._select_accepted_post = self._sql(
+            "SELECT format, payload FROM session_log WHERE session_id = ? AND inbound_ref = ? "
+            f"AND {ACCEPTED_POSTS}"
         )
 
     # -- the timeline -----------------------------------------------------------------------
@@ -561,6 +600,7 @@ class LogStore:
                     storage_format.encode_event(event),
                     _tool_ref(event),
                     True,  # above every rewind record, so inside no abandoned interval
+                    _inbound_ref(event),
                 )
             )
         for row in rows:
@@ -617,6 +657,16 @@ class LogStore:
         kept = [(int(fmt), payload) for fmt, payload in rows[:limit] if payload is not None]
         events = [storage_format.decode_event(fmt, payload) for fmt, payload in kept]
         return events, len(rows) > len(events)
+
+    def accepted_post(self, session_id: str, message_ref: str) -> Event | None:
+        """The active inbox post of the session that carries `message_ref`, if any:
+        one indexed row. A session accepts one post per message_ref among its active
+        rows (the unique index `INBOUND_REF_INDEX` holds it): abandoned posts and
+        deleted ones count for nothing."""
+        row = self.database.execute_sql(
+            self._select_accepted_post, [session_id, message_ref]
+        ).fetchone()
+        return None if row is None else storage_format.decode_event(int(row[0]), row[1])
 
     def highest_version(self, entity: str) -> int:
         """The highest version the agent or session ever had, on any branch, truncated
@@ -990,6 +1040,10 @@ class LogStore:
             [str(session_id) for (session_id,) in tuples(sessions)],
         )
 
+    def key_report(self) -> list[dict[str, Any]]:
+        """The rows of `session_key_report` (the upgrade to injective keys), in no order."""
+        return dicts(self.KeyReport.select())
+
     def route(self, agent: str, routing_key: str) -> str | None:
         row = (
             self.Route.select(self.Route.session_id)
@@ -1106,6 +1160,13 @@ def _entity_filter(entity: str) -> tuple[str, str, str]:
     kind, _, key = entity.partition(":")
     where = "agent = ? AND session_id IS NULL" if kind == "agent" else "session_id = ?"
     return kind, where, key
+
+
+def _inbound_ref(event: Event) -> str | None:
+    """The message_ref an inbox post is accepted under (None: no such rule for it)."""
+    if isinstance(event.body, InboxPosted) and event.body.message is not None:
+        return event.body.message.message_ref or None
+    return None
 
 
 def _tool_ref(event: Event) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import peewee
 
+from session_service import key_migration
 from switchboard.idempotency import SESSION_REQUESTS, RequestRecordV1
 from switchboard.migrations import Component, Schema
 
@@ -254,6 +255,41 @@ def shared_settings(schema: Schema) -> None:
     schema.create_tables(SharedSettingV9)
 
 
+def inbound_refs(schema: Schema) -> None:
+    """Inbox posts keep their message_ref, unique per session among active log rows:
+    one inbound message per platform message. Nothing to backfill: posts logged
+    before count for nothing (and may hold duplicates already)."""
+    schema.run(
+        schema.migrator.add_column("session_log", "inbound_ref", peewee.TextField(null=True))
+    )
+    # Partial, so that it costs nothing for the rows without a ref and frees a ref
+    # the moment a rewind abandons its post (the same text as the store's model).
+    schema.execute(
+        "CREATE UNIQUE INDEX session_log_inbound_ref ON session_log (session_id, inbound_ref) "
+        "WHERE inbound_ref IS NOT NULL AND active"
+    )
+
+
+class KeyReportV11(peewee.Model):
+    session_id = peewee.CharField(max_length=128, primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    status = peewee.CharField(max_length=16)
+    old_key = peewee.TextField()
+    new_key = peewee.TextField()
+    finding = peewee.CharField(max_length=32)
+    evidence = peewee.TextField()
+
+    class Meta:
+        table_name = "session_key_report"
+
+
+def injective_routing_keys(schema: Schema) -> None:
+    """Routing keys in the injective encoding; sessions old keys may have merged, reported."""
+    # The log keeps its old keys (its rows are storage format 1, read upgraded).
+    schema.create_tables(KeyReportV11)
+    key_migration.migrate(schema)
+
+
 MIGRATIONS = (
     baseline,
     request_records,
@@ -264,6 +300,8 @@ MIGRATIONS = (
     session_listing_indexes,
     version_floors,
     shared_settings,
+    inbound_refs,
+    injective_routing_keys,
 )
 
 SESSION_SCHEMA = Component(

@@ -8,7 +8,7 @@ committed as an audit event on its own, then answered PERMISSION_DENIED.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from session_service import convert, permissions, pii, routing
@@ -190,15 +190,19 @@ class MultiAgent:
 
     async def delegate(
         self, agent: str, session_id: str, to_agent: str, task: Message, context: str
-    ) -> tuple[Session, bool]:
+    ) -> tuple[Session, bool, bool]:
+        """(the target session, whether this call created it, whether the task was a
+        duplicate: its message_ref accepted there before)."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
         validation.routing_key("context", context or "default", max_len=256)
         checked_message("task", task, self.core.limits.max_content_bytes)
-        source = Source(transport="peer", conversation_id=f"{agent}:{context or 'default'}")
+        task = _sent_by(agent, "task", task)
+        conversation_id = f"{agent}:{context or 'default'}"
+        source = Source(transport=routing.PEER, conversation_id=conversation_id, from_agent=agent)
 
-        def then(now: float) -> tuple[Session, bool]:
+        def then(now: float) -> tuple[Session, bool, bool]:
             receiver = self.agents.live_agent(to_agent)
             key = routing.routing_key(to_agent, source, None)
             existing = self.store.route(to_agent, key)
@@ -209,10 +213,10 @@ class MultiAgent:
                     now, to_agent, new_session_id(), key, source, lineage=lineage
                 ).session_id
             redact = self._redacts_between(agent, receiver, task)
-            self.conversations.post(now, to_agent, existing, task, redact)
-            return self.core.summary(existing), created
+            _, duplicate = self.conversations.post(now, to_agent, existing, task, redact)
+            return self.core.summary(existing), created, duplicate
 
-        result: tuple[Session, bool] = await self._gated(
+        result: tuple[Session, bool, bool] = await self._gated(
             agent, session_id, "peer.delegate", f"agent:{to_agent}", then
         )
         return result
@@ -225,13 +229,16 @@ class MultiAgent:
         source: Source | None,
         to_session_id: str,
         message: Message,
-    ) -> Event:
+    ) -> tuple[Event, bool]:
+        """(the inbox event in the receiving session, whether it is a duplicate: see
+        `Conversations.post`)."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         agent_name("to_agent", to_agent)
         checked_message("message", message, self.core.limits.max_content_bytes)
+        message = _sent_by(agent, "message", message)
         if source is not None:
-            routing.checked_source(source)
+            source = routing.checked_source(source, agent)
         elif to_session_id:
             checked_session_id(to_session_id)
         else:
@@ -241,7 +248,7 @@ class MultiAgent:
         )  # a routed id
         refuse_unanswerable("message", [size], "shorten the message")
 
-        def then(now: float) -> Event:
+        def then(now: float) -> tuple[Event, bool]:
             receiver = self.agents.live_agent(to_agent)
             settings = receiver.settings
             target = to_session_id
@@ -251,14 +258,36 @@ class MultiAgent:
                 # leaves it raw (a receiver that does not redact keeps such a chat apart
                 # from the one its own gateway routes with raw ids).
                 stored = routing.stored_source(source, self.core.redactor if redact else None)
-                key = routing.routing_key(to_agent, stored, settings.routing if settings else None)
+                policy = settings.routing if settings else None
+                key = routing.routing_key(to_agent, stored, policy)
+                routed = self.conversations.routed_session(to_agent, key, source, stored, policy)
                 target = (
-                    self.store.route(to_agent, key)
-                    or self.conversations.open_session(
+                    routed.session_id
+                    if routed is not None
+                    else self.conversations.open_session(
                         now, to_agent, new_session_id(), key, stored
                     ).session_id
                 )
             return self.conversations.post(now, to_agent, target, message, redact)
 
-        result: Event = await self._gated(agent, session_id, "peer.send", f"agent:{to_agent}", then)
+        result: tuple[Event, bool] = await self._gated(
+            agent, session_id, "peer.send", f"agent:{to_agent}", then
+        )
         return result
+
+
+def _sent_by(agent: str, field: str, message: Message) -> Message:
+    """A message between agents as stored: sent by the calling agent. An empty sender
+    becomes "agent:<agent>"; one naming another agent is refused (the receiver would
+    take it for that agent's word); a person's id, relayed by the agent, is kept."""
+    own = f"agent:{agent}"
+    if not message.sender:
+        return replace(message, sender=own)
+    if message.sender.startswith("agent:") and message.sender != own:
+        raise InvalidArgument(
+            f"{field}.sender",
+            f"names {message.sender[:80]!r}, but this call is agent {agent!r}'s: a message "
+            f"between agents is sent as its calling agent; give {own!r} or leave it empty",
+            reason="PEER_SENDER_MISMATCH",
+        )
+    return message

@@ -96,7 +96,7 @@ class Redactor:
 
     def thread(self, thread_id: str) -> str:
         """`thread_<12 hex>`; empty and already redacted ids are kept."""
-        if not thread_id or _REDACTED_THREAD.fullmatch(thread_id):
+        if not thread_id or is_redacted_thread(thread_id):
             return thread_id
         return f"thread_{self.digest(thread_id)}"
 
@@ -116,6 +116,10 @@ class Redactor:
 
 def is_redacted_user(value: str) -> bool:
     return _REDACTED_USER.fullmatch(value) is not None
+
+
+def is_redacted_thread(value: str) -> bool:
+    return _REDACTED_THREAD.fullmatch(value) is not None
 
 
 def sender_is_raw(sender: str) -> bool:

@@ -156,6 +156,7 @@ class Source:
     thread_id: str = ""
     user_id: str = ""
     scope_id: str = ""
+    from_agent: str = ""
 
 
 @dataclass(slots=True, kw_only=True)

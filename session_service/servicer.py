@@ -12,7 +12,7 @@ from typing import Any
 from session_service import checks, convert, records
 from session_service.agents import Agents
 from session_service.audit import Audit
-from session_service.continuity import Continuity
+from session_service.continuity import Continuity, post_mark
 from session_service.conversations import Conversations
 from session_service.core import Core
 from session_service.log_reads import LogQuery, LogReads
@@ -252,12 +252,17 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.agent, request.session_id, expected, inputs, echo=not request.sequences_only
         )
 
-    @mutation(lambda event: pb.PostToInboxResponse(event=convert.event_pb(event)))
+    @mutation(
+        lambda posted: pb.PostToInboxResponse(
+            event=convert.event_pb(posted[0]), duplicate=posted[1]
+        )
+    )
     async def PostToInbox(  # noqa: N802
         self, request: pb.PostToInboxRequest, context: Context
-    ) -> records.Event:
+    ) -> tuple[records.Event, bool]:
+        mark = post_mark(request.mark_resumable, request.resume_holder, request.reply_target)
         return await self.conversations.post_to_inbox(
-            request.agent, request.session_id, _record(records.Message, request.message)
+            request.agent, request.session_id, _record(records.Message, request.message), mark
         )
 
     async def GetHistory(  # noqa: N802
@@ -385,19 +390,25 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.agent, request.session_id, request.at_sequence, narrowing
         )
 
-    @mutation(lambda found: pb.DelegateResponse(session=_session(found[0]), created=found[1]))
+    @mutation(
+        lambda found: pb.DelegateResponse(
+            session=_session(found[0]), created=found[1], duplicate=found[2]
+        )
+    )
     async def Delegate(  # noqa: N802
         self, request: pb.DelegateRequest, context: Context
-    ) -> tuple[records.Session, bool]:
+    ) -> tuple[records.Session, bool, bool]:
         task = _record(records.Message, request.task)
         return await self.multi_agent.delegate(
             request.agent, request.session_id, request.to_agent, task, request.context
         )
 
-    @mutation(lambda event: pb.SendToPeerResponse(event=convert.event_pb(event)))
+    @mutation(
+        lambda posted: pb.SendToPeerResponse(event=convert.event_pb(posted[0]), duplicate=posted[1])
+    )
     async def SendToPeer(  # noqa: N802
         self, request: pb.SendToPeerRequest, context: Context
-    ) -> records.Event:
+    ) -> tuple[records.Event, bool]:
         source = (
             _record(records.Source, request.source)
             if request.WhichOneof("target") == "source"

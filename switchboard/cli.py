@@ -697,7 +697,72 @@ def rebuild(database_url: str | None, data_dir: Path) -> None:
         click.echo("projections were repaired from the log")
 
 
-def _refuse_missing_sqlite(url: str, options: str) -> None:
+@session.command("key-report")
+@click.option(
+    "--database-url",
+    envvar="SWITCHBOARD_SESSION_DATABASE_URL",
+    default=None,
+    help="[default: sqlite:///DATA_DIR/session.sqlite3]",
+)
+@click.option(
+    "--data-dir",
+    default="var",
+    envvar="SWITCHBOARD_DATA_DIR",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per session.")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also the ambiguous sessions: another source could have made their old key, "
+    "but nothing in their history says one did.",
+)
+def key_report(database_url: str | None, data_dir: Path, as_json: bool, show_all: bool) -> None:
+    """The sessions two conversations may have shared under one old routing key, as
+    the upgrade to injective keys found them, with the evidence (reads the database)."""
+    import dataclasses
+    import json
+
+    from session_service import key_migration
+    from session_service.log_store import LogStore
+    from session_service.migrations import SESSION_SCHEMA, injective_routing_keys
+
+    url = database_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"
+    _refuse_missing_sqlite(url, "--database-url or --data-dir", "nothing to report")
+    with _schema_backend(url) as backend:
+        version = migrations.status(backend, SESSION_SCHEMA).database_version
+        upgrade = SESSION_SCHEMA.migrations.index(injective_routing_keys) + 1
+        if version < upgrade:
+            raise click.ClickException(
+                f"the session schema is at version {version}: routing keys are upgraded "
+                f"(and the report written) by migration {upgrade}; run `switchboard db "
+                "migrate session` or start the service first"
+            )
+        found = key_migration.reported(LogStore(backend))
+    shown = [f for f in found if show_all or f.finding != key_migration.AMBIGUOUS]
+    if as_json:
+        for row in shown:
+            click.echo(json.dumps(dataclasses.asdict(row), sort_keys=True))
+        return
+    if not found:
+        click.echo("the upgrade to injective routing keys reported no session")
+        return
+    click.echo(key_migration.summary_line(key_migration.counts(found)))
+    if len(shown) < len(found):
+        click.echo(f"({len(found) - len(shown)} ambiguous session(s) not shown: --all lists them)")
+    operators._table(  # the operators' table look, for a command that reads the database
+        "sessions reported by the routing-key upgrade",
+        ["finding", "agent", "session", "status", "old key", "new key", "evidence"],
+        [
+            [f.finding, f.agent, f.session_id, f.status, f.old_key, f.new_key, f.evidence]
+            for f in shown
+        ],
+    )
+
+
+def _refuse_missing_sqlite(url: str, options: str, nothing: str = "nothing to rebuild") -> None:
     """A command that reads a database must not create an empty one where none was
     (e.g. run from another directory than `serve`, whose --data-dir is relative)."""
     if not url.startswith("sqlite:///"):
@@ -705,7 +770,7 @@ def _refuse_missing_sqlite(url: str, options: str) -> None:
     path = Path(url.removeprefix("sqlite:///").split("?", 1)[0])
     if not path.exists():
         raise click.ClickException(
-            f"no database file at {path}: nothing to rebuild. Name the database with "
+            f"no database file at {path}: {nothing}. Name the database with "
             f"{options} (a relative --data-dir is taken from the current directory, "
             f"{Path.cwd()})"
         )

@@ -124,7 +124,10 @@ class _DeferringPostgresDatabase(PooledPostgresqlDatabase):  # type: ignore[misc
 
     def execute_sql(self, sql: str, params: Any = None) -> Any:
         self.statements.note(sql)
-        prefix = self._take_queued() or self._bound_outside_transactions()
+        # peewee always has psycopg2 format the statement (params or ()), so a '%' in a
+        # queued statement's rendered values would read as a placeholder: double it.
+        queued = self._take_queued().replace("%", "%%")
+        prefix = queued or self._bound_outside_transactions()
         return super().execute_sql(prefix + sql, params)
 
     def _bound_outside_transactions(self) -> str:

@@ -115,3 +115,23 @@ def test_a_consistent_read_sees_one_committed_state_across_its_statements(
         runner.close()
     assert first == 1 and after == 2
     assert second == (1 if consistent else 2)
+
+
+def test_a_deferred_write_with_a_percent_sign_reaches_the_database(database_url: str) -> None:
+    """Postgres sends deferred writes with the next statement, rendered; a '%' in their
+    values once read as a placeholder there (IndexError, an INTERNAL for the caller)."""
+    backend = open_backend(DatabaseSettings(url=database_url))
+    database: Any = backend.database
+    value = "agent:main:telegram:dm:c=50%25off%3A%s"
+    with database.connection_context():
+        database.execute_sql("CREATE TABLE percent_probe (key VARCHAR(64) PRIMARY KEY)")
+        with backend.write_transaction():
+            backend.execute_later(
+                "INSERT INTO percent_probe (key) VALUES (%s)".replace("%s", database.param),
+                [value],
+            )
+            found = database.execute_sql(
+                "SELECT key FROM percent_probe WHERE key = %s".replace("%s", database.param),
+                [value],
+            ).fetchall()
+    assert found == [(value,)]

@@ -98,6 +98,7 @@ def _make_pre_versioning(backend: Backend, *, drop_resume_pending: bool = True) 
             )
         _drop_row_scope(database)
         _drop_projection_summaries(database)
+        _drop_inbound_refs(database)
         _drop_active_markers(database)
         _drop_storage_formats(database)
         _drop_sealed_targets(database)
@@ -115,6 +116,13 @@ def _drop_listing_indexes(database: Any) -> None:
     """Session rows as they were before every agent's sessions were listed (migration 7)."""
     for index in ("session_session_created_seq", "session_session_routing_key"):
         database.execute_sql(f"DROP INDEX IF EXISTS {index}")
+
+
+def _drop_inbound_refs(database: Any) -> None:
+    """A session log as it was before inbox posts kept their message_ref (migration 10)."""
+    migrator = SchemaMigrator.from_database(database)
+    migrate(migrator.drop_index("session_log", "session_log_inbound_ref"))
+    migrate(migrator.drop_column("session_log", "inbound_ref"))
 
 
 def _drop_storage_formats(database: Any) -> None:
@@ -321,7 +329,11 @@ def test_the_release_fixture_migrates_and_reads_back_as_the_old_code_saw_it(
     ):
         session_stub = spb_grpc.SessionServiceStub(sessions.channel)
         delivery_stub = dpb_grpc.DeliveryServiceStub(ledger.channel)
-        assert reads.read_sessions(session_stub, expected["head"]) == expected["sessions"]
+        # Migration 11 keyed the sessions (and reads the log's keys) in the injective
+        # encoding; everything else reads as that release saw it.
+        assert reads.read_sessions(session_stub, expected["head"]) == _rekeyed(
+            expected["sessions"], FIXTURE_KEYS
+        )
         got = reads.read_ledger(delivery_stub, expected["instance_ids"])
         # Migration 4 filled in what that release did not know: each row's agent
         # (from its session key) and gateway (its owner's). The rest reads the same.
@@ -337,6 +349,26 @@ def test_the_release_fixture_migrates_and_reads_back_as_the_old_code_saw_it(
     with database.connection_context():
         diff = diff_models(database, LogStore(session_backend).models)
     assert not diff, str(diff)
+
+
+#: The fixture's routing keys, as that release wrote them and in the injective encoding.
+FIXTURE_KEYS = {
+    "agent:alpha:web:c-1": "agent:alpha:web:id=c-1",
+    "agent:beta:web:c-2": "agent:beta:web:id=c-2",
+    "agent:beta:slack:channel:C1:U1": "agent:beta:slack:channel:c=C1:u=U1",
+}
+
+
+def _rekeyed(read: Any, keys: dict[str, str]) -> Any:
+    """`read` with every `routing_key` value renamed by `keys`."""
+    if isinstance(read, dict):
+        return {
+            name: keys[value] if name == "routing_key" else _rekeyed(value, keys)
+            for name, value in read.items()
+        }
+    if isinstance(read, list):
+        return [_rekeyed(item, keys) for item in read]
+    return read
 
 
 # -- refusals --------------------------------------------------------------------------------

@@ -287,8 +287,9 @@ def test_a_full_turn_and_heartbeats_keep_the_gateway_live(
     assert {row.owner_instance_id for row in rows} == {instance_id}
     assert [event["last"] for event in (gateway.event(), gateway.event())] == ["hello", "again"]
     assert resumable(services) == []
-    # The platform hands "hello" over again (an event retry): the same reply is not sent twice.
-    assert gateway.answer(gateway.handle("hello", "m-1")) == "answer to hello"
+    # The platform hands "hello" over again (an event retry): no second turn, nothing sent.
+    assert gateway.answer(gateway.handle("hello", "m-1")) == ""
+    assert gateway.events.empty(), "the agent was not called again"
     assert len(sends(tmp_path / "sends.jsonl")) == 2
     assert len(list(services.ledger.list())) == 2
     assert resumable(services) == []
@@ -491,6 +492,93 @@ def test_a_turn_is_left_to_its_live_holder_and_resumed_once_the_holder_dies(
     [row] = list(services.ledger.list())
     assert row.state == dpb.OBLIGATION_STATE_DELIVERED
     assert row.message_ref == f"resume:{marked.last_sequence}"
+
+
+# -- one platform message, one turn -----------------------------------------------------
+
+
+def test_one_message_given_to_two_node_gateways_runs_one_turn(
+    services: Services, node_gateways: Callable[..., NodeGateway], tmp_path: Path
+) -> None:
+    first, second = node_gateways("first.jsonl"), node_gateways("second.jsonl")
+    first.call("start")
+    second.call("start")
+    assert first.answer(first.handle("hello", "m-1")) == "answer to hello"
+    assert second.answer(second.handle("hello", "m-1")) == "", "the update reached both"
+    assert first.event()["last"] == "hello"
+    assert second.events.empty(), "one agent turn"
+    first.stop()
+    second.stop()
+    assert [s["text"] for s in sends(tmp_path / "first.jsonl")] == ["answer to hello"]
+    assert sends(tmp_path / "second.jsonl") == []
+    [row] = list(services.ledger.list())
+    assert row.state == dpb.OBLIGATION_STATE_DELIVERED
+    assert history(services) == [(pb.ROLE_USER, "hello"), (pb.ROLE_ASSISTANT, "answer to hello")]
+    assert resumable(services) == []
+
+
+def test_a_message_given_twice_to_one_node_gateway_mid_turn_runs_one_turn(
+    services: Services, node_gateways: Callable[..., NodeGateway]
+) -> None:
+    gateway = node_gateways(callback="hang")
+    instance_id = gateway.call("start")["instanceId"]
+    gateway.handle("hello", "m-1")  # thinking, never answered
+    assert gateway.event()["resumed"] is False
+    assert gateway.answer(gateway.handle("hello", "m-1")) == "", "the retry runs no turn"
+    assert gateway.events.empty(), "the agent was called once"
+    [marked] = resumable(services)
+    assert marked.resume_holder == instance_id, "the turn is still this instance's"
+
+
+def test_a_retry_of_a_turn_that_failed_in_a_node_gateway_runs_it_there_once(
+    services: Services, node_gateways: Callable[..., NodeGateway], tmp_path: Path
+) -> None:
+    """The agent threw (the platform got no answer and retries): the retry is a
+    duplicate post, and the turn it belongs to failed in this very process."""
+    gateway = node_gateways(callback="fail-once")
+    gateway.call("start")
+    command = gateway.handle("hello", "m-1")
+    failed = gateway.answers.get(timeout=60)
+    assert failed["id"] == command and not failed["ok"] and "the model is down" in failed["error"]
+    assert gateway.answer(gateway.handle("hello", "m-1")) == "answer to hello"
+    assert [gateway.event()["resumed"] for _ in range(2)] == [False, False]
+    gateway.stop()
+    assert [s["text"] for s in sends(tmp_path / "sends.jsonl")] == ["answer to hello"]
+    assert history(services) == [(pb.ROLE_USER, "hello"), (pb.ROLE_ASSISTANT, "answer to hello")]
+    assert resumable(services) == []
+
+
+def test_a_message_redelivered_to_another_node_gateway_mid_turn_is_resumed_once_its_holder_dies(
+    services: Services, node_gateways: Callable[..., NodeGateway], tmp_path: Path
+) -> None:
+    """The platform retries to a second instance while the first thinks: no second
+    turn; the first dies; the second resumes the turn once the first's lease ran out."""
+    # Booted before the message: only the retry tells it of the turn.
+    second = node_gateways("second.jsonl", claimEveryMs=200)
+    second.call("start")
+    holder = node_gateways("holder.jsonl", callback="hang", leaseTtlS=2.0)
+    holder_id = holder.call("start")["instanceId"]
+    holder.handle("hello", "m-1")  # never answered: the agent is "thinking"
+    assert holder.event()["resumed"] is False
+    [marked] = resumable(services)
+    assert marked.resume_holder == holder_id
+
+    assert second.answer(second.handle("hello", "m-1")) == ""
+    assert second.call("deferred") == [marked.session_id], "left to its live holder"
+    assert second.events.empty(), "no second turn"
+    [still] = resumable(services)
+    assert still.resume_holder == holder_id, "the duplicate left the mark alone"
+    holder.kill()
+
+    resumed = second.event()  # a periodic claim, once the holder's lease ran out
+    assert (resumed["resumed"], resumed["last"]) == (True, "hello")
+    wait_for(lambda: resumable(services) == [], "the resumed turn was not finished")
+    second.stop()
+    assert [s["text"] for s in sends(tmp_path / "second.jsonl")] == ["answer to hello"]
+    assert sends(tmp_path / "holder.jsonl") == []
+    assert history(services) == [(pb.ROLE_USER, "hello"), (pb.ROLE_ASSISTANT, "answer to hello")]
+    [row] = list(services.ledger.list())
+    assert row.state == dpb.OBLIGATION_STATE_DELIVERED
 
 
 # -- the README's examples --------------------------------------------------------------

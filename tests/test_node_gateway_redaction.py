@@ -110,6 +110,21 @@ def _killed_mid_turn(node_gateways: Callable[..., NodeGateway], services: Servic
     holder.kill()
 
 
+def test_a_node_gateway_posts_the_message_the_mark_and_the_sealed_target_at_once(
+    services: Services, node_gateways: Callable[..., NodeGateway]
+) -> None:
+    """One PostToInbox: the mark it logs carries the sealed target, and no second mark
+    follows (a crash between two calls would leave a mark with nowhere to answer)."""
+    _killed_mid_turn(node_gateways, services)
+    [marked] = _resumable(services)
+    kinds = [
+        entry.event.WhichOneof("body")
+        for entry in services.sessions.list_log_events(session_id=marked.session_id)
+    ]
+    assert kinds[-2:] == ["resume_marked", "inbox_posted"] and kinds.count("resume_marked") == 1
+    assert marked.reply_target, "the mark carries the sealed target"
+
+
 @pytest.mark.parametrize("rescuer", RESCUERS)
 def test_a_node_turn_killed_mid_model_is_resumed_at_the_raw_chat(
     services: Services, node_gateways: Callable[..., NodeGateway], tmp_path: Path, rescuer: str

@@ -170,7 +170,7 @@ def _rows(ledger: DeliveryClient, tags: list[str]) -> dict[str, dpb.Obligation]:
     return {
         row.id: row
         for row in ledger.list(page_size=1000)
-        if any(f":{tag}-c" in row.session_key for tag in tags)
+        if any(row.chat_id.startswith(f"{tag}-c") for tag in tags)
     }
 
 
@@ -316,7 +316,7 @@ def _unanswered(sessions: SessionClient, tags: list[str]) -> int:
     crash between PostToInbox and MarkResumable). Not a ledger obligation, but lost."""
     count = 0
     for session in sessions.list_sessions("main", transport="loopback"):
-        if any(f":{tag}-c" in session.routing_key for tag in tags):
+        if any(session.source.chat_id.startswith(f"{tag}-c") for tag in tags):
             count += len(sessions.state("main", session.session_id).state.inbox)
     return count
 

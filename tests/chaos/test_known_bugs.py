@@ -261,13 +261,13 @@ def test_a_message_stored_before_the_crash_is_answered_after_the_restart(
         heartbeat_s=0.2, claim_every_s=3600,
     )  # fmt: skip
     crashed.start()
-    post = crashed_sessions.post_to_inbox
+    post = crashed_sessions.post_message  # the post that also sets the turn's mark
 
     def post_then_die(*args: Any, **kwargs: Any) -> Any:
         post(*args, **kwargs)
         raise ProcessDied
 
-    crashed_sessions.post_to_inbox = post_then_die  # type: ignore[method-assign]
+    crashed_sessions.post_message = post_then_die  # type: ignore[method-assign]
     with pytest.raises(ProcessDied):
         crashed.handle(Inbound(DM, "hello", message_ref="m-1"))
     _crash(crashed)

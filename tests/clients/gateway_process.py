@@ -1,13 +1,18 @@
 """A gateway process for the crash tests: it takes one message and dies mid-send.
 
 python -m tests.clients.gateway_process SESSION_ADDRESS DELIVERY_ADDRESS [--idempotent] [--async]
+    [--die-in-agent]
 
 With --async it is an `AsyncGateway` on grpc.aio clients with an async platform.
+With --die-in-agent it dies while its agent thinks instead: the message is posted and
+marked, nothing is answered or recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 
 from switchboard_client import DeliveryClient, SessionClient
@@ -25,6 +30,8 @@ NAME = "test-gateway"
 
 
 def answer(turn: Turn) -> str:
+    if "--die-in-agent" in sys.argv:
+        os.kill(os.getpid(), signal.SIGKILL)
     return f"answer to {turn.state.state.inbox[-1].message.content}"
 
 

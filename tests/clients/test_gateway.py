@@ -266,7 +266,7 @@ def test_the_cron_transport_routes_each_job_to_its_own_session(services: Service
         gateway.stop()
     assert {s.chat_id for s in platform.sent} == {"ops-channel"}
     keys = {s.routing_key for s in services.sessions.list_sessions("main", transport="cron")}
-    assert keys == {"agent:main:cron:digest", "agent:main:cron:backup"}
+    assert keys == {"agent:main:cron:id=digest", "agent:main:cron:id=backup"}
 
 
 @both

@@ -337,16 +337,19 @@ def test_an_inbound_event_delivered_twice_to_one_instance_is_answered_once(
 ) -> None:
     """Platforms redeliver events they got no quick answer for (Slack retries, a
     Telegram getUpdates offset not yet committed). Before this test the same
-    instance sent the same reply again: its row was DELIVERED, but it held it."""
+    instance sent the same reply again: its row was DELIVERED, but it held it.
+    Since one platform message is one turn, the redelivery runs no turn at all (a
+    model answers differently each time: a second turn was a second reply)."""
     platform = Minimal()
-    gateway = _gateway(services, platform, lambda turn: "the same reply")
+    replies = iter(["reply #1", "reply #2"])
+    gateway = _gateway(services, platform, lambda turn: next(replies))
     gateway.start()
     try:
-        for _ in range(2):
-            assert gateway.handle(Inbound(DM, "hello", message_ref="ev-1")) == "the same reply"
+        assert gateway.handle(Inbound(DM, "hello", message_ref="ev-1")) == "reply #1"
+        assert gateway.handle(Inbound(DM, "hello", message_ref="ev-1")) == "", "no second turn"
     finally:
         gateway.stop()
-    assert platform.sent == [("chat-1", "the same reply")]
+    assert platform.sent == [("chat-1", "reply #1")]
     [row] = list(services.ledger.list())
     assert row.state == dpb.OBLIGATION_STATE_DELIVERED
     [session] = list(services.sessions.list_sessions("main"))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from switchboard_client import DeliveryClient, SessionClient
-from switchboard_client.gateway import RECOVERED_MARKER, Inbound, Turn
+from switchboard_client.gateway import RECOVERED_MARKER, Gateway, Inbound, Turn
 from switchboard_client.loopback import LoopbackPlatform
 from switchboard_client.reply_targets import ReplyKeyRefused, ReplySealer, ReplyTarget
 
@@ -117,6 +117,44 @@ def test_a_resumed_turn_is_answered_at_the_raw_chat(services: Services) -> None:
     assert row.session_key.startswith("agent:main:sk_"), "the ledger hashed the session key"
     finished = services.sessions.get_session("main", marked.session_id)
     assert (finished.resume_pending, finished.reply_target) == (False, b"")
+
+
+class ProcessDied(Exception):
+    """The gateway process ending right there."""
+
+
+def test_a_turn_cut_off_right_after_its_post_is_answered_at_the_raw_chat(
+    services: Services,
+) -> None:
+    """The post carries the mark and the sealed target in one call: a gateway that dies
+    the moment its post returns has left everything a rescuer needs to answer."""
+    sessions = SessionClient(services.addresses[0])
+    crashed = Gateway(
+        NAME, "main", sessions, services.ledger, [LoopbackPlatform(name="telegram")], echo,
+        heartbeat_s=0.2, claim_every_s=3600, reply_key=REPLY_KEY,
+    )  # fmt: skip
+    crashed.start()
+    post = sessions.post_message
+
+    def post_then_die(*args: Any, **kwargs: Any) -> Any:
+        post(*args, **kwargs)
+        raise ProcessDied
+
+    sessions.post_message = post_then_die  # type: ignore[method-assign]
+    with pytest.raises(ProcessDied):
+        crashed.handle(Inbound(TOPIC, "hello", message_ref="m-1"))
+    crashed.stop()
+    sessions.close()
+    [marked] = services.sessions.list_resumable("main").sessions
+    assert ReplySealer(REPLY_KEY).open(marked.reply_target) == ReplyTarget("telegram", CHAT, THREAD)
+
+    platform = LoopbackPlatform(name="telegram")
+    rescuer = _gateway(services, platform)
+    rescuer.start()
+    rescuer.stop()
+    assert [(s.chat_id, s.thread_id, s.text) for s in platform.sent] == [
+        (CHAT, THREAD, "answer to hello")
+    ]
 
 
 def test_a_target_sealed_with_another_key_is_not_answered_and_waits_for_the_next_message(

@@ -36,7 +36,7 @@ def test_operator_commands(tmp_path: Path, loop_thread: EventLoopThread) -> None
         address = ["--address", session.address]
         assert "main" in run("session", "agents", *address)
         assert '"name": "main"' in run("session", "agent", "main", *address)
-        assert '"routingKey": "agent:main:web:tab"' in run(
+        assert '"routingKey": "agent:main:web:id=tab"' in run(
             "session", "show", "main", first.session_id, *address
         )
         assert first.session_id in run("session", "sessions", "main", *address)

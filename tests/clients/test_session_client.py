@@ -137,7 +137,7 @@ def test_a_conversation_resolves_appends_and_reads_back(session_client: SessionC
     )
     assert other_user.session.session_id != first.session.session_id
     session = first.session
-    assert session.routing_key == "agent:main:slack:channel:T1:C1:U1"
+    assert session.routing_key == "agent:main:slack:channel:s=T1:c=C1:u=U1"
     assert (session.source.transport, session.source.chat_type) == ("slack", pb.CHAT_TYPE_CHANNEL)
     sid = session.session_id
 

@@ -449,7 +449,12 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
             events=_event_inputs(seed),
         )
     ),
-    "PostToInbox": _owned_request(pb.PostToInboxRequest, message=MESSAGE),
+    "PostToInbox": _owned_request(
+        pb.PostToInboxRequest,
+        message=MESSAGE,
+        mark_resumable=boolean(),
+        resume_holder=text("", "gw-1"),
+    ),
     "GetHistory": lambda seed: _owned_request(
         pb.GetHistoryRequest,
         after_sequence=_sequence(seed),

@@ -1,20 +1,25 @@
 """A gateway process running a real platform adapter, for the crash tests.
 
-python -m tests.platforms.gateway_process telegram|slack SESSION DELIVERY PLATFORM_BASE_URL [--hang]
+python -m tests.platforms.gateway_process telegram|slack SESSION DELIVERY PLATFORM_BASE_URL
+    [--hang] [--log-turns=FILE] [--hold-until=FILE] [--die-in-agent]
 
 An `AsyncGateway` (claims and heartbeats every 0.3 s) with `TelegramAdapter`
 polling the Bot API at the base URL, or `SlackAdapter` posting to it and taking
 events on a port of its own, printed as "events: <url>". It prints "ready" once
 booted and runs until SIGTERM (a graceful stop) or SIGKILL (the test's crash).
 Its reply key, if any, comes from SWITCHBOARD_REPLY_KEY, as a deployed gateway's.
-With --hang its agent never answers: the test kills it mid-turn.
+With --hang its agent never answers: the test kills it mid-turn. Else its agent
+appends "<pid> <message>" to the --log-turns file at each turn, then thinks until
+the --hold-until file exists, or dies there (--die-in-agent).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
+from pathlib import Path
 
 from switchboard_client.aio import AsyncDeliveryClient, AsyncSessionClient
 from switchboard_client.async_gateway import AsyncGateway, Turn
@@ -26,7 +31,16 @@ from tests.platforms.standins import SlackStandIn, TelegramStandIn
 
 
 async def answer(turn: Turn) -> str:
-    return f"answer to {turn.state.state.inbox[-1].message.content}"
+    content = turn.state.state.inbox[-1].message.content
+    options = dict(arg.removeprefix("--").partition("=")[::2] for arg in sys.argv[5:])
+    if "log-turns" in options:
+        with Path(options["log-turns"]).open("a") as turns:
+            print(os.getpid(), content, file=turns, flush=True)
+    if "die-in-agent" in options:
+        os.kill(os.getpid(), signal.SIGKILL)
+    while "hold-until" in options and not Path(options["hold-until"]).exists():
+        await asyncio.sleep(0.05)
+    return f"answer to {content}"
 
 
 async def thinking_forever(turn: Turn) -> str:

@@ -13,6 +13,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -258,6 +259,73 @@ def test_a_gateway_killed_between_send_and_mark_is_redelivered_once_with_the_mar
             second.kill_quietly()
     answer = "answer to what is 6 x 7?"
     assert slack.texts() == [answer, RECOVERED_MARKER + answer]
+
+
+def _one_turn_answered(services: Services) -> bool:
+    resumable = services.sessions.list_resumable("main").sessions
+    return _settled(services, 1)() and not resumable
+
+
+@pytest.mark.slow
+def test_one_event_given_to_two_gateway_processes_runs_one_turn(
+    services: Services, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """Slack got no answer from the first process within 3 s (its agent thinks) and
+    retries; the retry reaches a second process of the bot: no second turn."""
+    turns, release = tmp_path / "turns", tmp_path / "release"
+    flags = (f"--log-turns={turns}", f"--hold-until={release}")
+    first = GatewayProcess("slack", services, slack.base_url, *flags)
+    second = GatewayProcess("slack", services, slack.base_url, *flags)
+    event = slack.message_event(DM, "hello")
+    try:
+        # Acknowledged after the adapter's 2.5 s, the turn still running.
+        assert asyncio.run(slack.deliver_event(first.events_url, event)) == 200
+        wait_until(turns.exists, "the first process's turn")
+        assert asyncio.run(slack.deliver_event(second.events_url, event, retry_num=1)) == 200
+        release.touch()
+        wait_until(lambda: _one_turn_answered(services), "the reply")
+        first.terminate()
+        second.terminate()
+    finally:
+        first.kill_quietly()
+        second.kill_quietly()
+    assert turns.read_text().splitlines() == [f"{first.pid} hello"]
+    assert slack.texts() == ["answer to hello"]
+    assert _dm_history(services) == [
+        (pb.ROLE_USER, "hello"),
+        (pb.ROLE_ASSISTANT, "answer to hello"),
+    ]
+
+
+@pytest.mark.slow
+def test_an_event_whose_process_died_mid_turn_is_resumed_once_by_the_process_slack_retries_to(
+    services: Services, slack: SlackStandIn, tmp_path: Path
+) -> None:
+    """The first process dies while its agent thinks (no 2xx: Slack retries). The retry
+    reaches a second process, booted before: its post is a duplicate, and the turn is
+    the dead process's. It is not dropped: resumed once the dead one's lease ran out."""
+    turns = tmp_path / "turns"
+    second = GatewayProcess("slack", services, slack.base_url, f"--log-turns={turns}")
+    first = GatewayProcess(
+        "slack", services, slack.base_url, f"--log-turns={turns}", "--die-in-agent"
+    )
+    event = slack.message_event(DM, "hello")
+    try:
+        with pytest.raises(aiohttp.ClientError):  # the process died under the request
+            asyncio.run(slack.deliver_event(first.events_url, event))
+        first.wait_killed()
+        assert asyncio.run(slack.deliver_event(second.events_url, event, retry_num=1)) == 200
+        wait_until(lambda: _one_turn_answered(services), "the resumed turn")
+        second.terminate()
+    finally:
+        first.kill_quietly()
+        second.kill_quietly()
+    assert turns.read_text().splitlines() == [f"{first.pid} hello", f"{second.pid} hello"]
+    assert slack.texts() == ["answer to hello"]
+    assert _dm_history(services) == [
+        (pb.ROLE_USER, "hello"),
+        (pb.ROLE_ASSISTANT, "answer to hello"),
+    ]
 
 
 @pytest.mark.parametrize(

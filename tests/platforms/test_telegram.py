@@ -72,8 +72,8 @@ def test_messages_are_answered_in_their_chat_and_topic(
     ]
     rows = {row.chat_id: row for row in services.ledger.list()}
     assert {row.state for row in rows.values()} == {dpb.OBLIGATION_STATE_DELIVERED}
-    assert rows[str(DM_CHAT)].session_key == f"agent:main:telegram:dm:{DM_CHAT}"
-    assert rows[str(FORUM)].session_key == f"agent:main:telegram:group:{FORUM}:{TOPIC}"
+    assert rows[str(DM_CHAT)].session_key == f"agent:main:telegram:dm:c={DM_CHAT}"
+    assert rows[str(FORUM)].session_key == f"agent:main:telegram:group:c={FORUM}:t={TOPIC}"
     sent = {s.chat_id: s for s in telegram.sent}
     assert rows[str(DM_CHAT)].platform_message_id == f"{DM_CHAT}:{sent[str(DM_CHAT)].message_id}"
     assert _dm_history(services) == [

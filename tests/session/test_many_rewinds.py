@@ -24,7 +24,11 @@ from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import EventLoopThread, InProcessSession, session_server
 from tests.session.conftest import append, create_agent, resolve, user_message, web
 from tests.status import error_reason
-from tests.test_migrations import _drop_active_markers, _drop_storage_formats
+from tests.test_migrations import (
+    _drop_active_markers,
+    _drop_inbound_refs,
+    _drop_storage_formats,
+)
 
 REWINDS = 10_000
 #: Newest-first history page the reads compare.
@@ -295,10 +299,12 @@ def test_migration_4_backfills_the_markers_from_the_rewind_records(
     database: Any = backend.database
     with database.connection_context():
         # Back to schema version 3: what migrations 4 and later made, undone.
+        _drop_inbound_refs(database)
         _drop_storage_formats(database)
         database.execute_sql("DROP TABLE session_lineage")
         database.execute_sql("DROP TABLE session_version_floor")
         database.execute_sql("DROP TABLE session_shared_setting")
+        database.execute_sql("DROP TABLE session_key_report")
         _drop_active_markers(database)
         database.execute_sql(f"DELETE FROM {SESSION_SCHEMA.history_table} WHERE version >= 4")
     database.close()

@@ -170,7 +170,8 @@ def test_delegate_opens_then_resumes_a_peer_session_with_lineage(team: InProcess
     assert first.created and not again.created
     assert first.session.session_id == again.session.session_id
     assert first.session.agent == "coder"
-    assert first.session.routing_key == "agent:coder:peer:planner:ticket-7"
+    assert first.session.routing_key == "agent:coder:peer:from=planner:id=planner%3Aticket-7"
+    assert first.session.source.from_agent == "planner"
     assert first.session.lineage.parent_session_id == planning
     assert first.session.lineage.delegated
     state = team.stub.GetSessionState(
@@ -240,3 +241,66 @@ def test_memory_writes_are_gated_where_the_rules_say_so(service: InProcessSessio
     assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
     memory = service.stub.GetAgent(pb.GetAgentRequest(name="main")).agent.memory
     assert dict(memory) == {"name": "Ada"}
+
+
+def test_peer_threads_are_the_senders_redacted_by_either_agent_and_posted_once(
+    service: InProcessSession,
+) -> None:
+    """The three rules of a peer message at once: its thread is the sending agent's
+    (from=), its ids are hashed when either agent redacts (the sender here), and a
+    message_ref posted again writes nothing, per receiving session."""
+    stub = service.stub
+    create_agent(stub, "coder")
+    create_agent(stub, "router", peers=["coder"], settings=pb.AgentSettings(redact_pii=True))
+    create_agent(stub, "mallory", peers=["coder"])
+    routing = resolve(stub, "router", **web()).session.session_id
+    plotting = resolve(stub, "mallory", **web()).session.session_id
+
+    def send(agent: str, session_id: str, sender: str, **source: Any) -> pb.SendToPeerResponse:
+        message = pb.Message(role=pb.ROLE_USER, content=f"from {agent}", sender=sender,
+                             message_ref="tg:9:7")  # fmt: skip
+        return stub.SendToPeer(
+            pb.SendToPeerRequest(
+                agent=agent, session_id=session_id, to_agent="coder", message=message,
+                source=pb.Source(transport="peer", conversation_id="chat", **source),
+            )
+        )  # fmt: skip
+
+    first, again = send("router", routing, "u-42"), send("router", routing, "u-42")
+    assert (first.duplicate, again.duplicate) == (False, True)
+    posted = first.event.inbox_posted.message
+    assert posted.sender.startswith("user_") and posted.message_ref.startswith("ref_")
+    thread = stub.GetSession(
+        pb.GetSessionRequest(agent="coder", session_id=first.event.session_id)
+    ).session
+    assert thread.routing_key == "agent:coder:peer:from=router:id=chat"
+    assert thread.source.from_agent == "router"
+
+    # Another agent naming the same conversation reaches a thread of its own, where the
+    # same message_ref is a first post; it cannot claim to be the router.
+    other = send("mallory", plotting, "")
+    assert other.event.session_id != thread.session_id and not other.duplicate
+    assert other.event.inbox_posted.message.sender == "agent:mallory"
+    logged = len(stub.ListLogEvents(pb.ListLogEventsRequest(page_size=1000)).entries)
+    for sender, source, field in (
+        ("", {"from_agent": "router"}, "source.from_agent"),
+        ("agent:router", {}, "message.sender"),
+    ):
+        with pytest.raises(grpc.RpcError) as refused:
+            send("mallory", plotting, sender, **source)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert error_reason(refused.value) == "PEER_SENDER_MISMATCH"
+        assert field in (refused.value.details() or "")
+    assert len(stub.ListLogEvents(pb.ListLogEventsRequest(page_size=1000)).entries) == logged
+
+    task = pb.Message(role=pb.ROLE_USER, content="parse", message_ref="ticket-7")
+    delegate = pb.DelegateRequest(
+        agent="router", session_id=routing, to_agent="coder", task=task, context="t7"
+    )
+    delegations = [stub.Delegate(delegate) for _ in range(2)]
+    assert [(d.created, d.duplicate) for d in delegations] == [(True, False), (False, True)]
+    assert delegations[0].session.source.from_agent == "router"
+    inbox = stub.GetSessionState(
+        pb.GetSessionStateRequest(agent="coder", session_id=delegations[0].session.session_id)
+    ).state.inbox
+    assert [(q.message.content, q.message.sender) for q in inbox] == [("parse", "agent:router")]

@@ -153,6 +153,78 @@ def test_the_largest_target_is_accepted(service: InProcessSession) -> None:
     assert len(_mark(service.stub, session_id, reply_target=sealed(1024)).reply_target) == 1024
 
 
+def _post(
+    stub: pb_grpc.SessionServiceStub, session_id: str, message_ref: str, **fields: Any
+) -> pb.PostToInboxResponse:
+    message = pb.Message(role=pb.ROLE_USER, content="hi", sender=USER, message_ref=message_ref)
+    request = pb.PostToInboxRequest(agent="main", session_id=session_id, message=message, **fields)
+    return stub.PostToInbox(request)
+
+
+def test_a_post_with_the_mark_keeps_the_sealed_target_and_a_duplicate_keeps_none(
+    service: InProcessSession,
+) -> None:
+    """The gateway's one call: the person's message, the turn's mark and where to answer
+    it, stored together; the platform's retry of the message stores none of them."""
+    create_agent(service.stub, settings=REDACTS)
+    session_id = resolve(service.stub, transport="telegram", chat_type=pb.CHAT_TYPE_DM,
+                         chat_id=CHAT).session.session_id  # fmt: skip
+    first = sealed()
+    posted = _post(
+        service.stub,
+        session_id,
+        "m-1",
+        mark_resumable=True,
+        resume_holder="gw-a",
+        reply_target=first,
+    )
+    assert not posted.duplicate
+    marked = _get(service.stub, session_id)
+    assert (marked.resume_pending, marked.resume_holder, marked.reply_target) == (
+        True,
+        "gw-a",
+        first,
+    )
+    logged = _log_size(service.stub)
+    again = _post(
+        service.stub,
+        session_id,
+        "m-1",
+        mark_resumable=True,
+        resume_holder="gw-b",
+        reply_target=sealed(157),
+    )
+    assert again.duplicate
+    assert _get(service.stub, session_id) == marked, "the first delivery's mark and target"
+    assert _log_size(service.stub) == logged
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"mark_resumable": True, "reply_target": sealed(1025)}, "SEALED_TARGET_TOO_LARGE"),
+        ({"mark_resumable": True, "reply_target": CHAT.encode()}, "SEALED_TARGET_MALFORMED"),
+        ({"mark_resumable": True, "reply_target": sealed(29)}, "SEALED_TARGET_MALFORMED"),
+        ({"reply_target": sealed()}, "INVALID_FIELD"),
+    ],
+    ids=["1025 bytes", "digits", "29 bytes", "without mark_resumable"],
+)
+def test_a_post_with_a_bad_target_is_invalid_and_writes_nothing(
+    service: InProcessSession, fields: dict[str, Any], reason: str
+) -> None:
+    create_agent(service.stub, settings=REDACTS)
+    session_id = resolve(service.stub, transport="web", conversation_id="t").session.session_id
+    before, logged = _get(service.stub, session_id), _log_size(service.stub)
+    with pytest.raises(grpc.RpcError) as refused:
+        _post(service.stub, session_id, "m-1", **fields)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error_details(refused.value)[1] == ["reply_target"]
+    assert error_reason(refused.value) == reason
+    assert _get(service.stub, session_id) == before
+    assert _log_size(service.stub) == logged
+    assert not _post(service.stub, session_id, "m-1").duplicate, "the message was not taken"
+
+
 # -- thread ids ---------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 import pytest
-from google.protobuf import json_format
+from google.protobuf import field_mask_pb2, json_format
 
 from session_service import routing
 from session_service.pii import Redactor
@@ -29,10 +29,39 @@ VECTORS = json.loads(
 def test_routing_key_vectors(vector: dict[str, Any]) -> None:
     source = as_record(json_format.ParseDict(vector["source"], pb.Source()))
     policy = as_record(json_format.ParseDict(vector["policy"], pb.RoutingPolicy()))
-    routing.checked_source(source)
+    bound = routing.checked_source(source, vector.get("calling_agent", vector["agent"]))
     # The vectors' redacted keys are unkeyed: servers without a PII key build them so.
-    stored = routing.stored_source(source, Redactor() if vector["redact_pii"] else None)
+    stored = routing.stored_source(bound, Redactor() if vector["redact_pii"] else None)
+    expected = vector.get("stored_source", vector["source"])
+    assert stored == as_record(json_format.ParseDict(expected, pb.Source()))
     assert routing.routing_key(vector["agent"], stored, policy) == vector["key"]
+
+
+#: The vectors a ResolveSession of the agent itself routes (a peer source sent by
+#: another agent goes through Delegate or SendToPeer: tests/session/test_key_collisions.py).
+RESOLVABLE = [v for v in VECTORS if v.get("calling_agent", v["agent"]) == v["agent"]]
+
+
+def test_the_server_resolves_every_vector_to_its_key(start_session: StartSession) -> None:
+    service = start_session()
+    for name in sorted({v["agent"] for v in RESOLVABLE}):
+        create_agent(service.stub, name)
+    for vector in RESOLVABLE:
+        settings = pb.AgentSettings(
+            routing=json_format.ParseDict(vector["policy"], pb.RoutingPolicy()),
+            redact_pii=vector["redact_pii"],
+        )
+        service.stub.UpdateAgent(
+            pb.UpdateAgentRequest(
+                agent=pb.Agent(name=vector["agent"], settings=settings),
+                update_mask=field_mask_pb2.FieldMask(paths=["settings"]),
+            )
+        )
+        source = json_format.ParseDict(vector["source"], pb.Source())
+        answer = service.stub.ResolveSession(
+            pb.ResolveSessionRequest(agent=vector["agent"], source=source)
+        )
+        assert answer.session.routing_key == vector["key"], vector["name"]
 
 
 SESSION_ID_REJECTED = [
@@ -101,7 +130,7 @@ def test_same_source_resumes_the_same_session(start_session: StartSession) -> No
     assert first.created and not again.created and other.created
     assert first.session.session_id == again.session.session_id
     assert other.session.session_id != first.session.session_id
-    assert first.session.routing_key == "agent:main:web:tab-1"
+    assert first.session.routing_key == "agent:main:web:id=tab-1"
 
 
 def test_join_an_existing_session_by_id(start_session: StartSession) -> None:

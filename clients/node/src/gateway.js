@@ -5,9 +5,13 @@
 // recovers the other's rows.
 //
 // One turn:
-//   inbound message -> ResolveSession -> resume mark + inbox -> the agent callback
-//   -> RecordObligation (straight into ATTEMPTING) -> platform send
+//   inbound message -> ResolveSession -> inbox post with the resume mark -> the agent
+//   callback -> RecordObligation (straight into ATTEMPTING) -> platform send
 //   -> MarkDelivered / MarkFailed -> history, resume mark cleared.
+// One platform message is one turn: a session accepts one inbox post per messageRef,
+// and a repeat (a platform's retry, the update reaching two instances) comes back
+// `duplicate`, having written nothing, its mark included. Its turn is the first
+// delivery's: no second one runs, and the resume rules judge it by that mark.
 // The ledger never blocks a send: if the DeliveryService is unreachable, the
 // reply still goes out (unrecorded) and the failure is logged.
 //
@@ -192,6 +196,8 @@ export class Gateway {
     this.connected = new Set();
     /** @type {Set<string>} Sessions whose turn a live instance was running when we looked. */
     this.deferred = new Set();
+    /** @type {Map<object, string>} The sessions whose inbound messages this process handles now, per delivery. */
+    this._handling = new Map();
     /** @type {NodeJS.Timeout[]} */
     this._timers = [];
     /** @type {Set<Promise<void>>} Periodic runs in flight, awaited by stop(). */
@@ -313,29 +319,70 @@ export class Gateway {
   // -- turns --------------------------------------------------------------------------
 
   /**
-   * One turn for an inbound message; resolves to the reply that was sent.
+   * One turn for an inbound message; resolves to the reply that was sent ('' when the
+   * session had the message already: another delivery's turn, see _duplicate).
    * @param {Inbound} inbound
    * @returns {Promise<string>}
    */
   async handle(inbound) {
     const { session } = await this.sessions.resolveSession({ agent: this.agent, source: inbound.source });
-    // Mark first: a crash after the mark and before the post leaves a mark with
-    // nothing to answer (cleared at the next boot), never a stored, unmarked message.
-    // The mark names this instance, so a gateway booting meanwhile leaves the turn to us,
-    // and carries the sealed target to answer.
+    // Known as handled here from before the post, so that a second delivery of the
+    // message to this process, answered `duplicate`, finds this one.
+    const delivery = {};
+    this._handling.set(delivery, session.sessionId);
     const target = inboundTarget(inbound);
-    await this._mark(session.sessionId, true, this.instanceId, this._sealed(target));
-    await this.sessions.postToInbox({
-      agent: this.agent,
-      sessionId: session.sessionId,
-      message: {
-        role: 'ROLE_USER',
-        content: inbound.text,
-        sender: inbound.source.userId ?? '',
-        messageRef: inbound.messageRef ?? '',
-      },
-    });
-    return this._runTurn(session, inbound, target);
+    try {
+      // The resume mark and the post in one transaction: a crash never leaves a stored,
+      // unmarked message, and a duplicate writes neither. The mark names this instance,
+      // so a gateway booting meanwhile leaves the turn to us, and carries the sealed
+      // target to answer.
+      const posted = await this.sessions.postToInbox({
+        agent: this.agent,
+        sessionId: session.sessionId,
+        message: {
+          role: 'ROLE_USER',
+          content: inbound.text,
+          sender: inbound.source.userId ?? '',
+          messageRef: inbound.messageRef ?? '',
+        },
+        markResumable: true,
+        resumeHolder: this.instanceId,
+        replyTarget: this._sealed(target),
+      });
+      if (posted.duplicate) return await this._duplicate(session.sessionId, inbound, delivery);
+      return await this._runTurn(session, inbound, target);
+    } finally {
+      this._handling.delete(delivery);
+    }
+  }
+
+  /**
+   * The session accepted this platform message before and this post wrote nothing:
+   * the turn is the first delivery's, marked by it, and none runs here, unless that
+   * turn failed in this very process. The resume rules judge it by its mark: a live
+   * holder finishes it; a dead (or unknown) one's is resumed, now or at a periodic
+   * claim, as at boot. Resolves to the reply this call sent ('' for none).
+   * @param {string} sessionId
+   * @param {Inbound} inbound
+   * @param {object} delivery
+   * @returns {Promise<string>}
+   */
+  async _duplicate(sessionId, inbound, delivery) {
+    const { session } = await this.sessions.getSession({ agent: this.agent, sessionId });
+    if (!session.resumePending) return ''; // the first delivery's turn has ended
+    if (session.resumeHolder !== this.instanceId) {
+      this.deferred.add(sessionId);
+      await this.resumeDeferred();
+      return '';
+    }
+    for (const [other, handled] of this._handling) {
+      // A turn runs here now (the first delivery's, or a later message's): it answers
+      // the inbox it read, this message included.
+      if (other !== delivery && handled === sessionId) return '';
+    }
+    // It failed here (the agent threw; the platform retries): take it up, answering only
+    // what no reply covers yet, as a resume does.
+    return this._resume(session, inbound);
   }
 
   /** Re-runs the turns a crash cut off, if still fresh (stale ones are reset). */
@@ -410,13 +457,17 @@ export class Gateway {
 
   /**
    * Answers only what no reply covers yet: an owed reply is redelivered by a claim,
-   * a delivered one only completes its turn; neither is re-run.
+   * a delivered one only completes its turn; neither is re-run. `inbound`: the
+   * platform's retry of the message taking the turn up (its reply goes where the
+   * message says). Resolves to the reply sent ('' for none).
    * @param {Record<string, any>} session
+   * @param {Inbound | null} [inbound]
+   * @returns {Promise<string>}
    */
-  async _resume(session) {
+  async _resume(session, inbound = null) {
     const key = session.routingKey || session.sessionId;
     const rows = (await this._listObligations(key)).filter((row) => row.metadata?.session_id === session.sessionId);
-    if (rows.some((row) => OWED.has(row.state))) return;
+    if (rows.some((row) => OWED.has(row.state))) return '';
     let latest = null;
     for (const row of rows) {
       if (row.state !== DELIVERED) continue;
@@ -428,7 +479,7 @@ export class Gateway {
     if (inbox.some((/** @type {any} */ q) => BigInt(q.sequence) > answeredThrough)) {
       let target;
       try {
-        target = this._resumedTarget(session);
+        target = inbound ? inboundTarget(inbound) : this._resumedTarget(session);
       } catch (error) {
         if (!(error instanceof TargetUnreadable)) throw error;
         this.log.error(
@@ -436,18 +487,20 @@ export class Gateway {
             "its mark is cleared and its messages wait in the inbox for the user's next message",
         );
         await this._mark(session.sessionId, false);
-        return;
+        return '';
       }
       this.log.info(`resuming interrupted session ${session.sessionId}`);
       // Take the turn over (the mark keeps its time: freshness still counts from the crash).
       const sealed = session.replyTarget?.length ? session.replyTarget : this._sealed(target);
       await this._mark(session.sessionId, true, this.instanceId, sealed);
-      await this._runTurn(session, null, target);
-    } else if (latest && inbox.length) {
+      return this._runTurn(session, inbound, target);
+    }
+    if (latest && inbox.length) {
       await this._finishTurn(session.sessionId, latest.content, inbox, answeredThrough);
     } else {
       await this._mark(session.sessionId, false);
     }
+    return '';
   }
 
   /**

@@ -6,6 +6,7 @@ export { DEFAULT_DEADLINE_MS } from './base.js';
 export { DeliveryClient } from './delivery.js';
 export { SwitchboardError, codeName, toSwitchboardError } from './errors.js';
 export { Gateway, PlatformAdapter, RECOVERED_MARKER, SendFailed } from './gateway.js';
+export { MAX_ROUTING_KEY_LEN, NON_CHAT_TRANSPORTS, escaped, routingKey } from './keys.js';
 export { DEFAULT_PROTO_DIR, LOADER_OPTIONS, loadDefinitions, resolveProtoDir } from './protos.js';
 export { REPLY_KEY_ENV, ReplyKeyRefused, ReplySealer, TargetUnreadable, parseReplyKey } from './reply-targets.js';
 export { SessionClient } from './session.js';

@@ -296,9 +296,10 @@ export class SessionClient extends BaseClient {
   }
 
   /**
-   * Hands a task to another agent: opens or resumes its session for
-   * "peer:<from agent>:<context>", with lineage back to the delegating session,
-   * and puts the task into that session's inbox. Gated ("peer.delegate").
+   * Hands a task to another agent: opens or resumes its session for the peer
+   * source {conversation_id "<from agent>:<context>", from_agent <from agent>},
+   * with lineage back to the delegating session, and puts the task into that
+   * session's inbox. Gated ("peer.delegate").
    * @param {ProtoMessage} [request] DelegateRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} DelegateResponse
@@ -310,6 +311,8 @@ export class SessionClient extends BaseClient {
   /**
    * Puts a message into another agent's session inbox, by source (default
    * mapping) or by session id (NOT_FOUND if unknown). Gated ("peer.send").
+   * A peer source is bound to the sending agent (Source.from_agent); a sender
+   * naming another agent is INVALID_ARGUMENT (PEER_SENDER_MISMATCH).
    * @param {ProtoMessage} [request] SendToPeerRequest
    * @param {CallOptions} [options]
    * @returns {Promise<ProtoMessage>} SendToPeerResponse

@@ -9,6 +9,7 @@ import {
   DeliveryClient,
   SessionClient,
   SwitchboardError,
+  routingKey,
 } from '../src/index.js';
 import { startServices } from './support/server.js';
 
@@ -75,7 +76,8 @@ describe('SessionService', () => {
     const first = await sessions.resolveSession({ agent, source });
     assert.equal(first.created, true);
     assert.equal(first.session.agent, agent);
-    assert.equal(first.session.routingKey, `agent:${agent}:web:tab-1`);
+    assert.equal(first.session.routingKey, `agent:${agent}:web:id=tab-1`);
+    assert.equal(routingKey(agent, first.session.source), first.session.routingKey, 'built offline');
     assert.equal(first.session.status, 'SESSION_STATUS_OPEN');
     assert.equal(first.session.source.transport, 'web');
     const sessionId = first.session.sessionId;

@@ -10,8 +10,8 @@ exception thrown in at the `yield`. A driver performs the calls: `Gateway`
 anything, so the two cannot drift apart.
 
 The data flow of one turn:
-    inbound message → ResolveSession → resume mark (naming this instance) →
-    inbox → the agent callback → RecordObligation (straight into ATTEMPTING)
+    inbound message → ResolveSession → inbox post with the resume mark (naming
+    this instance) → the agent callback → RecordObligation (straight into ATTEMPTING)
     → platform send → MarkDelivered / MarkFailed → history, resume mark cleared.
 The ledger never blocks a send: if the DeliveryService is unreachable, the reply
 still goes out (unrecorded) and the failure is logged.
@@ -40,6 +40,13 @@ id: a resumed turn is given up (logged, its mark cleared, the ledger untouched;
 its messages stay in the inbox and are answered with the user's next message),
 and a claimed row is left as claimed (logged, not marked), so that a gateway
 holding the key redelivers it once this instance has stopped.
+
+One platform message, one turn: a session accepts one inbox post per
+message_ref, and a post the session accepted before comes back `duplicate`
+(a platform's retry, or the update reaching two instances), having written
+nothing, its resume mark included. Such a message's turn belongs to the
+delivery that posted it first, so no second turn runs: the resume rules above
+judge it by the first delivery's mark (see `_duplicate`).
 """
 
 from __future__ import annotations
@@ -232,6 +239,9 @@ class GatewayRules:
         self.connected: set[str] = set()
         #: Sessions whose turn a live instance was running when we looked.
         self.deferred: set[str] = set()
+        #: The sessions whose inbound messages this process handles now, each delivery
+        #: under a token of its own.
+        self.handling: dict[object, str] = {}
 
     # -- life ------------------------------------------------------------------------------
 
@@ -305,7 +315,8 @@ class GatewayRules:
     # -- turns -----------------------------------------------------------------------------
 
     def handle(self, inbound: Inbound) -> Steps[str]:
-        """One turn for an inbound message; returns the reply that was sent."""
+        """One turn for an inbound message; returns the reply that was sent ("" when
+        the session had the message already: another delivery's turn, see `_duplicate`)."""
         source = inbound.source
         resolved = yield _sessions(
             "resolve",
@@ -325,21 +336,50 @@ class GatewayRules:
             sender=source.user_id,
             message_ref=inbound.message_ref,
         )
-        # Mark first: a crash after the mark and before the post leaves a mark with
-        # nothing to answer (cleared at the next boot), never a stored, unmarked message.
-        # The mark names this instance, so that a gateway booting meanwhile leaves the
-        # turn to us while we are alive, and carries the sealed target to answer.
+        # Known as handled here from before the post, so that a second delivery of the
+        # message to this process, answered `duplicate`, finds this one (`_duplicate`).
+        delivery = object()
+        self.handling[delivery] = session.session_id
         target = _inbound_target(inbound)
-        yield _sessions(
-            "mark_resumable",
-            self.agent,
-            session.session_id,
-            True,
-            holder=self.instance_id,
-            reply_target=self._sealed(target),
-        )
-        yield _sessions("post_to_inbox", self.agent, session.session_id, message)
-        return (yield from self._run_turn(session, inbound, target))
+        try:
+            # The resume mark and the post in one transaction: a crash never leaves a
+            # stored, unmarked message, and a duplicate writes neither. The mark names
+            # this instance, so a gateway booting meanwhile leaves the turn to us, and
+            # carries the sealed target to answer.
+            posted = yield _sessions(
+                "post_message",
+                self.agent,
+                session.session_id,
+                message,
+                mark_holder=self.instance_id,
+                reply_target=self._sealed(target),
+            )
+            if posted.duplicate:
+                return (yield from self._duplicate(session.session_id, inbound, delivery))
+            return (yield from self._run_turn(session, inbound, target))
+        finally:
+            del self.handling[delivery]
+
+    def _duplicate(self, session_id: str, inbound: Inbound, delivery: object) -> Steps[str]:
+        """The session accepted this platform message before and this post wrote
+        nothing: the turn is the first delivery's, marked by it, and none runs here,
+        unless that turn failed in this very process. The resume rules judge it by its
+        mark: a live holder finishes it; a dead (or unknown) one's is resumed, now or at
+        a periodic claim, as at boot. Returns the reply this call sent ("" for none)."""
+        session: pb.Session = yield _sessions("get_session", self.agent, session_id)
+        if not session.resume_pending:
+            return ""  # the first delivery's turn has ended
+        if session.resume_holder != self.instance_id:
+            self.deferred.add(session_id)
+            yield _driver("resume_deferred")
+            return ""
+        if session_id in [sid for token, sid in list(self.handling.items()) if token != delivery]:
+            # A turn runs here now (the first delivery's, or a later message's): it
+            # answers the inbox it read, this message included.
+            return ""
+        # It failed here (the agent raised; the platform retries): take it up, answering
+        # only what no reply covers yet, as a resume does.
+        return (yield from self._resume(session, inbound))
 
     def resume_pass(self, only_deferred: bool) -> Steps[None]:
         """Re-runs the turns a crash cut off, if still fresh (stale ones are reset);
@@ -390,14 +430,16 @@ class GatewayRules:
         except Exception:
             log.exception("resuming session %s failed; its mark stays", session.session_id)
 
-    def _resume(self, session: pb.Session) -> Steps[None]:
+    def _resume(self, session: pb.Session, inbound: Inbound | None = None) -> Steps[str]:
         """Answers only what no reply covers yet: an owed reply is redelivered by a
-        claim, a delivered one only completes its turn; neither is re-run."""
+        claim, a delivered one only completes its turn; neither is re-run. `inbound`:
+        the platform's retry of the message taking the turn up (its reply goes where
+        the message says). Returns the reply sent ("" for none)."""
         key = session.routing_key or session.session_id
         listed: list[dpb.Obligation] = yield _ledger("list", session_key=key, collect=True)
         rows = [row for row in listed if row.metadata.get("session_id") == session.session_id]
         if any(row.state in OWED for row in rows):
-            return
+            return ""
         delivered = [row for row in rows if row.state == dpb.OBLIGATION_STATE_DELIVERED]
         latest = max(
             delivered, key=lambda row: int(row.metadata.get("inbox_through", "0")), default=None
@@ -407,7 +449,7 @@ class GatewayRules:
         inbox: list[pb.QueuedMessage] = list(state.state.inbox)
         if any(q.sequence > answered_through for q in inbox):
             try:
-                target = self._resumed_target(session)
+                target = _inbound_target(inbound) if inbound else self._resumed_target(session)
             except TargetUnreadable as unreadable:
                 log.error(
                     "the interrupted turn of session %s is not resumed: %s; its mark is "
@@ -416,7 +458,7 @@ class GatewayRules:
                     unreadable,
                 )
                 yield _sessions("mark_resumable", self.agent, session.session_id, False)
-                return
+                return ""
             log.info("resuming interrupted session %s", session.session_id)
             # Take the turn over, so that a gateway booting meanwhile leaves it to us
             # (the mark keeps its time: the freshness window still counts from the crash).
@@ -428,13 +470,14 @@ class GatewayRules:
                 holder=self.instance_id,
                 reply_target=session.reply_target or self._sealed(target),
             )
-            yield from self._run_turn(session, None, target)
-        elif latest is not None and inbox:
+            return (yield from self._run_turn(session, inbound, target))
+        if latest is not None and inbox:
             yield from self._finish_turn(
                 session.session_id, latest.content, inbox, answered_through
             )
         else:
             yield _sessions("mark_resumable", self.agent, session.session_id, False)
+        return ""
 
     def _resumed_target(self, session: pb.Session) -> ReplyTarget:
         """Where an interrupted turn's reply goes: the target sealed on its mark, else

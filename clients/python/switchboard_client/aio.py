@@ -149,6 +149,29 @@ class AsyncSessionClient(AsyncBaseClient):
         request = pb.PostToInboxRequest(agent=agent, session_id=session_id, message=message)
         return (await self._call(self._stub.PostToInbox, request, request_id=request_id)).event
 
+    async def post_message(
+        self,
+        agent: str,
+        session_id: str,
+        message: pb.Message,
+        *,
+        mark_holder: str | None = None,
+        reply_target: bytes = b"",
+        request_id: str = "",
+    ) -> pb.PostToInboxResponse:
+        """`post_to_inbox`'s whole answer, `duplicate` included; `mark_holder` sets the
+        resume mark, with `reply_target` sealed on it, in the same transaction (as
+        `SessionClient.post_message`)."""
+        request = pb.PostToInboxRequest(
+            agent=agent,
+            session_id=session_id,
+            message=message,
+            mark_resumable=mark_holder is not None,
+            resume_holder=mark_holder or "",
+            reply_target=reply_target,
+        )
+        return await self._call(self._stub.PostToInbox, request, request_id=request_id)
+
     async def history(
         self,
         agent: str,

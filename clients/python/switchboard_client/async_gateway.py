@@ -91,7 +91,8 @@ class AsyncGateway(GatewayView):
     # -- turns and recovery ----------------------------------------------------------------
 
     async def handle(self, inbound: Inbound) -> str:
-        """One turn for an inbound message; returns the reply that was sent."""
+        """One turn for an inbound message; returns the reply that was sent ("" for
+        a message the session had already: one platform message is one turn)."""
         return await self._run(self.rules.handle(inbound))
 
     async def resume_interrupted(self) -> None:

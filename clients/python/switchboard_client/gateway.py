@@ -86,7 +86,8 @@ class Gateway(GatewayView):
     # -- turns and recovery ----------------------------------------------------------------
 
     def handle(self, inbound: Inbound) -> str:
-        """One turn for an inbound message; returns the reply that was sent."""
+        """One turn for an inbound message; returns the reply that was sent ("" for
+        a message the session had already: one platform message is one turn)."""
         return self._run(self.rules.handle(inbound))
 
     def resume_interrupted(self) -> None:

@@ -381,6 +381,31 @@ class SessionClient(BaseClient):
         request = pb.PostToInboxRequest(agent=agent, session_id=session_id, message=message)
         return self._call(self._stub.PostToInbox, request, request_id=request_id).event
 
+    def post_message(
+        self,
+        agent: str,
+        session_id: str,
+        message: pb.Message,
+        *,
+        mark_holder: str | None = None,
+        reply_target: bytes = b"",
+        request_id: str = "",
+    ) -> pb.PostToInboxResponse:
+        """`post_to_inbox`'s whole answer: its `duplicate` is set when the session had
+        accepted the message's message_ref before (nothing was written; `event` is the
+        first post's). `mark_holder`: also set the resume mark naming it, in the same
+        transaction (how a gateway starts a turn); `reply_target`: with it, the sealed
+        target the mark keeps (`reply_targets.ReplySealer.seal`)."""
+        request = pb.PostToInboxRequest(
+            agent=agent,
+            session_id=session_id,
+            message=message,
+            mark_resumable=mark_holder is not None,
+            resume_holder=mark_holder or "",
+            reply_target=reply_target,
+        )
+        return self._call(self._stub.PostToInbox, request, request_id=request_id)
+
     def history(
         self,
         agent: str,
@@ -574,8 +599,9 @@ class SessionClient(BaseClient):
         context: str = "",
         request_id: str = "",
     ) -> pb.DelegateResponse:
-        """Hands `task` to a peer agent's session for "peer:<agent>:<context>" (gated by
-        "peer.delegate"); the same context resumes the same session."""
+        """Hands `task` to a peer agent's session for the peer conversation
+        "<agent>:<context>" sent by `agent` (gated by "peer.delegate"); the same context
+        resumes the same session. An empty task sender is stored as "agent:<agent>"."""
         request = pb.DelegateRequest(
             agent=agent, session_id=session_id, to_agent=to_agent, task=task, context=context
         )
@@ -593,7 +619,9 @@ class SessionClient(BaseClient):
         request_id: str = "",
     ) -> pb.Event:
         """Puts `message` into a peer agent's session inbox (gated by "peer.send"):
-        the session `to_session_id`, or the one `source` routes to."""
+        the session `to_session_id`, or the one `source` routes to (a peer source is
+        `agent`'s own thread: the service sets its from_agent). A sender naming another
+        agent is INVALID_ARGUMENT; an empty one is stored as "agent:<agent>"."""
         request = pb.SendToPeerRequest(
             agent=agent, session_id=session_id, to_agent=to_agent, message=message
         )

@@ -1,7 +1,7 @@
 """Two transports in the box: a terminal REPL and a cron-style scheduler.
 
 Both are routed like any other transport: the REPL by its conversation id
-(`agent:<agent>:repl:<id>`), each cron job by its name (`agent:<agent>:cron:<job>`).
+(`agent:<agent>:repl:id=<id>`), each cron job by its name (`agent:<agent>:cron:id=<job>`).
 """
 
 from __future__ import annotations

@@ -99,15 +99,19 @@ function adapter(config) {
 }
 
 /**
- * @param {string} kind 'echo' answers at once; 'hang' never answers (the turn stays mid-model).
+ * @param {string} kind 'echo' answers at once; 'hang' never answers (the turn stays mid-model);
+ *   'fail-once' throws on its first call (the model is down), then answers.
  * @returns {(turn: import('../../src/gateway.js').Turn) => Promise<string>}
  */
 function callback(kind) {
+  let calls = 0;
   return async (turn) => {
     const inbox = turn.state.state.inbox;
     const last = inbox[inbox.length - 1]?.message.content ?? '';
     emit({ event: 'callback', sessionId: turn.session.sessionId, resumed: turn.inbound === null, last });
+    calls += 1;
     if (kind === 'hang') await new Promise(() => {});
+    if (kind === 'fail-once' && calls === 1) throw new Error('the model is down');
     return `answer to ${last}`;
   };
 }
