@@ -25,7 +25,14 @@ from tests.harness import InProcessDelivery
 
 SESSION = "agent:main:slack:channel:C1"
 
-READS = {"GetInstance", "GetObligation", "ListObligations", "GetLedgerStats", "ListInstances"}
+READS = {
+    "GetInstance",
+    "GetObligation",
+    "ListObligations",
+    "GetLedgerStats",
+    "ListInstances",
+    "CountObligations",
+}
 #: Every write carries a request id, so a retry is answered, not run again.
 WRITES = {
     method.name

@@ -496,7 +496,7 @@ def test_service_config_retries_exactly_the_idempotent_methods() -> None:
     methods = {method.name for method in service.methods}
     assert methods == RETRIED | NOT_RETRIED | STREAMING, "every method is classified"
     assert set(REQUEST_ID_METHODS) == WRITES, "the client sets ids for exactly the writes"
-    assert len(WRITES) == 23
+    assert len(WRITES) == 24
     streaming = {m.name for m in service.methods if m.server_streaming or m.client_streaming}
     assert streaming == STREAMING
 

@@ -289,11 +289,29 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
             page_token=page_token([seed.token], foreign=[seed.foreign_token]),
         )
     ),
+    "CountObligations": lambda seed: request(
+        message(
+            pb.CountObligationsRequest,
+            state=enum(STATES),
+            platform=text("", "slack"),
+            session_key=text("", SESSION_KEY),
+            owner_instance_id=text("", seed.instance_id),
+            owed_only=boolean(),
+            session_keys=string_list(text(SESSION_KEY), [], [SESSION_KEY]),
+        )
+    ),
 }
 
 #: RPCs that never write, whatever they answer.
 READ_ONLY: Final = frozenset(
-    {"GetInstance", "GetObligation", "ListObligations", "GetLedgerStats", "ListInstances"}
+    {
+        "GetInstance",
+        "GetObligation",
+        "ListObligations",
+        "GetLedgerStats",
+        "ListInstances",
+        "CountObligations",
+    }
 )
 
 _PLATFORM = re.compile(r"[a-z][a-z0-9_]{0,31}")

@@ -527,6 +527,15 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
             page_size=uint32(0, 1, 2, 1000),
         )
     ),
+    "RecordOperatorAction": lambda seed: request(
+        message(
+            pb.RecordOperatorActionRequest,
+            base=st.just({"action": "delivery.retry"}),
+            action=text("delivery.retry", "console.rewind"),
+            subject=text("", "obligation 0123"),
+            detail=text("", "retried by hand"),
+        )
+    ),
 }
 
 #: RPCs that never write, whatever they answer.

@@ -162,6 +162,17 @@ export class DeliveryClient extends BaseClient {
   }
 
   /**
+   * How many rows ListObligations would list with these filters, in all and per
+   * session key. A read: it writes nothing.
+   * @param {ProtoMessage} [request] CountObligationsRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} CountObligationsResponse
+   */
+  countObligations(request, options) {
+    return this._unary('CountObligations', request, options);
+  }
+
+  /**
    * Operator action (admin only): makes a FAILED or ABANDONED row due for
    * redelivery now, with its attempts budget reset. A DELIVERED row is never
    * reopened.

@@ -384,4 +384,15 @@ export class SessionClient extends BaseClient {
   listLogEvents(request, options) {
     return this._unary('ListLogEvents', request, options);
   }
+
+  /**
+   * Records what an operator did (admin only) as an event of the log that no
+   * rewind abandons; the principal is the caller's token, never the request's.
+   * @param {ProtoMessage} [request] RecordOperatorActionRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} RecordOperatorActionResponse
+   */
+  recordOperatorAction(request, options) {
+    return this._unary('RecordOperatorAction', request, options);
+  }
 }

@@ -331,7 +331,7 @@ async function losingProxy(target) {
 
 describe('request ids', () => {
   test('every write, and only the writes, carries one', () => {
-    assert.equal(sessions.requestIdMethods.size, 23);
+    assert.equal(sessions.requestIdMethods.size, 24);
     assert.equal(delivery.requestIdMethods.size, 12);
     for (const read of ['GetAgent', 'GetHistory', 'WatchEvents', 'ListResumable', 'ListLogEvents']) {
       assert.ok(!sessions.requestIdMethods.has(read), read);

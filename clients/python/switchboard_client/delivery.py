@@ -35,6 +35,7 @@ READ_METHODS: tuple[str, ...] = (
     "ListObligations",
     "GetLedgerStats",
     "ListInstances",
+    "CountObligations",
 )
 #: Writes: each carries a request id (one per logical call, the same on every
 #: retry), so the server answers a retry of a committed call without running it

@@ -63,6 +63,7 @@ REQUEST_ID_METHODS: tuple[str, ...] = (
     "MarkResumable",
     "SuspendSession",
     "ExpireResumable",
+    "RecordOperatorAction",
 )
 #: Retried on UNAVAILABLE by the channel: the reads and the writes with request ids.
 RETRYABLE_METHODS: tuple[str, ...] = READ_METHODS + REQUEST_ID_METHODS
