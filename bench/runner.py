@@ -44,11 +44,9 @@ from bench import (
     orphans,
     peers,
     plots,
-    processes,
     profile_report,
     servers,
     session_runner,
-    stream_ceiling,
     timetravel,
 )
 from bench.harness import RESULTS_DIR, log
@@ -381,11 +379,9 @@ ALL_KEYS = (
     "timetravel",
     "db-latency",
     "feature-costs",
-    "stream-ceiling",
-    "processes",
     "peers",
 )
-POSTGRES_KEYS = ("postgres", "session-postgres", "db-latency")  # "processes": both
+POSTGRES_KEYS = ("postgres", "session-postgres", "db-latency")
 #: Parts of the run `--skip` can leave out.
 PARTS = ("orphans", "open-loop", "plots")
 
@@ -573,17 +569,6 @@ def main(argv: list[str] | None = None) -> int:
     if "feature-costs" in keys:
         costs = feature_costs.measure(seconds, warmup_s)
 
-    # -- gRPC's own ceiling: unary calls against messages on one stream per client -----
-    ceiling_rows: list[dict[str, Any]] = []
-    if "stream-ceiling" in keys:
-        ceiling_rows = stream_ceiling.measure(seconds, warmup_s)
-        log("[stream-ceiling] done")
-
-    # -- one server process against two on the same database ---------------------------
-    process_points: list[processes.Point] = []
-    if "processes" in keys:
-        process_points = processes.measure(seconds, warmup_s)
-
     # -- this tree against an earlier release ---------------------------------------------
     against_pairs: list[against.Pair] = []
     if args.against:
@@ -662,16 +647,6 @@ def main(argv: list[str] | None = None) -> int:
             "== What the access log and request ids cost (each against neither) ==\n"
             + feature_costs.render(costs)
         )
-    if ceiling_rows:
-        sections.append(
-            "== gRPC alone: unary calls against messages on one stream per client ==\n"
-            + stream_ceiling.render(ceiling_rows)
-        )
-    if process_points:
-        sections.append(
-            "== One server process against two on the same database ==\n"
-            + processes.render(process_points)
-        )
     if against_pairs:
         sections.append("== " + against.render(args.against, against_pairs))
     if peer_results:
@@ -723,8 +698,6 @@ def main(argv: list[str] | None = None) -> int:
         "timetravel": travel,
         "db_latency": db_latency.report(latency_points, open_loop),
         "feature_costs": feature_costs.report(costs),
-        "stream_ceiling": ceiling_rows,
-        "processes": [point.to_json() for point in process_points],
         "against": against.to_json(args.against, against_pairs) if against_pairs else None,
         "peers": [result.to_json() for result in peer_results],
         "goals": [verdict.to_json() for verdict in verdicts],

@@ -37,37 +37,3 @@ def test_ratios_are_to_the_bare_run_of_the_same_service() -> None:
     report = feature_costs.report(costs)
     assert [r["ratio_to_bare"] for r in report] == [1.0, 0.8]
     assert report[1]["access_log"] is True and report[1]["request_ids"] is False
-
-
-def test_the_stream_ceiling_table_compares_each_shape_with_unary_at_the_same_clients() -> None:
-    from bench import stream_ceiling
-
-    rows = [
-        {"shape": "unary", "clients": 8, "per_s": 2000.0},
-        {"shape": "stream", "clients": 8, "per_s": 7000.0},
-    ]
-    table = stream_ceiling.render(rows)
-    assert "1.00 x" in table and "3.50 x" in table
-
-
-def test_the_stream_ceiling_measures_both_shapes_for_real() -> None:
-    from bench import stream_ceiling
-
-    rows = stream_ceiling.measure(seconds=0.5, warmup_s=0.2)
-    assert {(r["shape"], r["clients"]) for r in rows} == {
-        (shape, clients) for shape in ("unary", "stream") for clients in stream_ceiling.CLIENTS
-    }
-    assert all(r["per_s"] > 0 for r in rows)
-
-
-def test_two_processes_are_compared_with_one_of_the_same_service_and_backend() -> None:
-    from bench import processes
-
-    points = [
-        processes.Point("delivery", "sqlite-full", 1, 400.0, 0, 0.9),
-        processes.Point("delivery", "sqlite-full", 2, 300.0, 0, 1.2),
-        processes.Point("delivery", "postgres", 1, 200.0, 0, 0.5),
-        processes.Point("delivery", "postgres", 2, 300.0, 0, 0.8),
-    ]
-    table = processes.render(points)
-    assert "0.75 x" in table and "1.50 x" in table
