@@ -49,7 +49,7 @@ def run_peers(ctx: Context) -> Section:
         ctx.scale.warmup_s,
         ctx.scale.pick(50, 20, 5),
         unreachable,
-        lambda line: ctx.say(f"[peers] {line}"),
+        ctx.say,
     )
     title = "In-process peers (same run, one ~100-byte user message per durable write)"
     data = {"results": [result.to_json() for result in results]}
