@@ -137,10 +137,11 @@ async def closed_loop(workload: workloads.Workload, load: Load) -> tuple[Window,
     """`load.clients` clients back to back; the window and what failed."""
     window = Window(load.warmup_s, load.seconds)
     failures: list[str] = []
-    last_ended = [window.started]
-    exhausted = [False]
+    last_ended = window.started
+    exhausted = False
 
     async def client(lane: int) -> None:
+        nonlocal last_ended, exhausted
         i = 0
         try:
             while window.open():
@@ -150,16 +151,16 @@ async def closed_loop(workload: workloads.Workload, load: Load) -> tuple[Window,
                 i += 1
                 if not window.record(began, ended, items):
                     return
-                last_ended[0] = max(last_ended[0], ended)
+                last_ended = max(last_ended, ended)
         except workloads.Exhausted:
-            exhausted[0] = True
+            exhausted = True
         except (grpc.aio.AioRpcError, RuntimeError) as exc:
             failures.append(_first_line(exc))
 
     limit_s = load.warmup_s + load.seconds + 4 * workloads.RPC_TIMEOUT_S
     await asyncio.wait_for(asyncio.gather(*(client(n) for n in range(load.clients))), limit_s)
-    if exhausted[0]:  # the work ran out: the window ends with the last operation that did some
-        window.seconds = max(last_ended[0] - window.measure_from, 1e-9)
+    if exhausted:  # the work ran out: the window ends with the last operation that did some
+        window.seconds = max(last_ended - window.measure_from, 1e-9)
     return window, failures
 
 
