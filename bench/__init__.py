@@ -1,13 +1,14 @@
-"""Benchmarks for Switchboard (not tests): run with `python -m bench` (see README.md).
+"""Switchboard's benchmarks (not tests): `python -m bench`, see README.md.
 
-Load generators, each its own process: `bench.delivery_cycle` (delivery cycles,
-closed loop), `bench.claim_load` (claiming a dead instance's orphans, seeded by
-`bench.orphans`), `bench.session_load` (appends, next-turn loads),
-`bench.open_loop` (either service on a fixed schedule). In-process floors:
-`bench.baseline` (raw drivers) and `bench.session_baseline` (peewee). In-process
-peers (`bench.peers`, with the `bench` extra): ADK, LangGraph, OpenAI Agents,
-procrastinate, and the goal lines comparing Switchboard with them.
-`bench.runner` starts servers, runs everything and prints the comparisons;
-`bench.session_runner`, `bench.latency` and `bench.timetravel` do their parts;
-`bench.plots` draws the PNG plots from the JSON report.
+- `runner`: the one runner, its command line, the goal lines and the JSON report;
+- sections, each a function of a `plan.Context` returning a `plan.Section`:
+  `throughput` (delivery cycles, appends and next-turn loads against floors), `claim`,
+  `open_loop`, `timetravel`, `db_latency`, `feature_costs`, `reads`, `console`, the
+  peers (`peers`, with `peers.goals`), and `against` (`--against REV`);
+- `loadgen` (the one load generator process, closed or open loop) running the
+  operations of `workloads`; `servers` (the servers, on the tests' launcher, and their
+  databases); `seeding` (seeds through the services' write paths, and the wiring of
+  their cores); `floors` (in-process database floors); `stats`; `report` (tables, the
+  JSON report and the plots);
+- `instructions`: `python -m bench.instructions`, instructions per call by callgrind.
 """

@@ -1,5 +1,4 @@
-"""`python -m bench`: Switchboard's benchmarks, the in-process peers and the goal lines
-(see bench/README.md and `bench.runner`)."""
+"""`python -m bench`: see bench/README.md and `bench.runner`."""
 
 from bench.runner import main
 

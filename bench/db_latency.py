@@ -1,218 +1,142 @@
-"""Throughput against database latency: appends/s and delivery cycles/s at 8 clients on
-Postgres with 0, 1, 5 and 20 ms of round trip added between the services and the database.
+"""The section `db-latency`: throughput and latency against the database's round trip, on
+Postgres with 0, 1, 5 and 20 ms added between the server and the database.
 
-The latency comes from `tests.tcp_proxy.TcpProxy` on 127.0.0.1, in front of
-postgresql://127.0.0.1:5432: its delay is per direction, so half the added round
-trip each way. Each point gets a fresh schema and a fresh server process (`python -m
-switchboard serve session|delivery`) whose database URL points at the proxy; the load
-generators are the ones of the other sections (`bench.session_load --mode append`,
-`bench.delivery_cycle`). Run alone with `python -m bench --only db-latency`.
-
-Closed-loop clients slow down with the server, so their p50/p99 hide the queue. After
-each closed-loop run, the same server (behind the same proxy) is also loaded open loop
-by `bench.open_loop` (through `bench.latency.run_open_loop`): one AppendEvents, or one
-delivery cycle, started every 1 / `OPEN_LOOP_RATE` s whatever is in flight, timed from
-its scheduled start, in the windows of the open-loop section (`bench.latency`). Those
-points are reported as p50/p99 ratios to the +0 ms point.
+The delay comes from `tests.tcp_proxy.TcpProxy` on 127.0.0.1 in front of Postgres, half
+of it each way. Each point gets a fresh schema and a fresh server process (appends on
+a session server, delivery cycles on a delivery server) whose database URL points at
+the proxy: first 8 closed-loop clients over 1 channel, then, on the same server, an
+open loop of `OPEN_LOOP_RATE` operations/s (`bench.open_loop`'s windows), latency from
+the scheduled start. The open-loop rate is under a quarter of what 8 clients reach at
++0 ms, so the +0 ms point has no queue of its own: it is the baseline of the others.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from bench import harness, latency, servers
-from bench.harness import log
-from bench.open_loop import OP_TIMEOUT_S
+from bench import loadgen, open_loop, servers
+from bench.plan import Context, Section, error_notes
+from bench.report import describe, ms, rate, table
 from bench.stats import Measurement
 from tests.tcp_proxy import TcpProxy
 
-ADDED_ROUND_TRIPS_MS = (0.0, 1.0, 5.0, 20.0)
 CLIENTS = 8
-#: Operations started per second by the open-loop runs, for both services: under a
-#: quarter of what 8 closed-loop clients reach at +0 ms (~570 appends/s, ~380 cycles/s
-#: here), so the +0 ms point has no queue of its own and the curve shows what the added
-#: round trips cost; where a point cannot keep up, its achieved rate says so.
 OPEN_LOOP_RATE = 100.0
-#: The services of a point, in table order: appends (session), then delivery cycles.
-SERVICES = ("session", "delivery")
+#: service -> its workload and RPCs per operation, as in `bench.open_loop`.
+SERVICES = {service: spec[:2] for service, spec in open_loop.SERVICES.items()}
 
 
-@dataclass(frozen=True)
-class Point:
-    added_rtt_ms: float
-    appends: Measurement
-    cycles: Measurement
-    #: The open-loop runs on the same servers (None when the open loop is skipped).
-    open_appends: Measurement | None = None
-    open_cycles: Measurement | None = None
-
-    def open_run(self, service: str) -> Measurement | None:
-        return self.open_appends if service == "session" else self.open_cycles
+def added_round_trips(ctx: Context) -> tuple[float, ...]:
+    return ctx.scale.pick((0.0, 1.0, 5.0, 20.0), (0.0, 1.0, 5.0, 20.0), (0.0, 5.0))
 
 
-def _proxied(url: str, proxy: TcpProxy) -> str:
-    return url.replace("127.0.0.1:5432", proxy.address, 1)
-
-
-def _measure(
-    service: str,
-    added_rtt_ms: float,
-    seconds: float,
-    warmup_s: float,
-    open_loop: latency.OpenLoopPlan | None,
-) -> tuple[Measurement, Measurement | None]:
-    """The closed-loop run, then (with `open_loop`, whose windows are used at
-    OPEN_LOOP_RATE) the open-loop run on the same server."""
+def _point(service: str, added_ms: float, ctx: Context) -> tuple[Measurement, Measurement]:
+    """The closed-loop run, then the open-loop run, on one server behind the proxy."""
+    workload, rpcs = SERVICES[service]
+    postgres = next(b for b in servers.BACKENDS if b.postgres)
     with (
-        servers.temp_dir(f"bench-dblat-{service}-") as data_dir,
-        servers.postgres_schema() as url,
-        TcpProxy(("127.0.0.1", 5432), delay_s=added_rtt_ms / 2000) as proxy,
-        servers.running_server(_proxied(url, proxy), data_dir, service=service) as srv,
+        servers.temp_dir(f"bench-dblat-{service}-") as directory,
+        servers.database(postgres, directory) as url,
+        TcpProxy(("127.0.0.1", 5432), delay_s=added_ms / 2000) as proxy,
+        servers.started(
+            service, url.replace("127.0.0.1:5432", proxy.address, 1), directory
+        ) as server,
     ):
-        if service == "session":
-            module = "bench.session_load"
-            arguments = ["--mode", "append"]
-        else:
-            module = "bench.delivery_cycle"
-            arguments = ["--rpc", "cycle"]
-        arguments += [
-            "--clients",
-            str(CLIENTS),
-            "--channels",
-            "1",
-            "--seconds",
-            str(seconds),
-            "--warmup",
-            str(warmup_s),
-        ]
-        measurement = harness.run_loadgen(srv, module, arguments, warmup_s + seconds + 180)
-        measurement.name = f"postgres +{added_rtt_ms:g} ms"
-        log(
-            f"[db-latency] +{added_rtt_ms:g} ms {service} closed loop: "
-            f"{harness.describe(measurement, 'appends' if service == 'session' else 'cycles')}"
+        closed = loadgen.Load(
+            workload, clients=CLIENTS, seconds=ctx.scale.seconds, warmup_s=ctx.scale.warmup_s
         )
-        if open_loop is None:
-            return measurement, None
-        opened = latency.run_open_loop(srv, service, "work", OPEN_LOOP_RATE, open_loop, 1)
-        opened.name = f"postgres +{added_rtt_ms:g} ms open loop"
-        opened.extra["added_rtt_ms"] = added_rtt_ms
-        log(f"[db-latency] +{added_rtt_ms:g} ms open loop {latency.describe_run(opened)}")
-    return measurement, opened
+        measured = loadgen.run(server, closed)
+        measured.name = f"+{added_ms:g} ms"
+        ctx.say(f"[db-latency] {service} +{added_ms:g} ms: {describe(measured)}")
+        chosen = open_loop.plan(ctx)
+        opened = loadgen.run(server, open_loop.open_load(workload, rpcs, OPEN_LOOP_RATE, chosen))
+        opened.name = open_loop.SERVICES[service][2]
+        ctx.say(f"[db-latency] {service} +{added_ms:g} ms: {open_loop.describe_open(opened)}")
+    return measured, opened
 
 
-def measure(
-    seconds: float, warmup_s: float, open_loop: latency.OpenLoopPlan | None = None
-) -> list[Point]:
-    points = []
-    for added in ADDED_ROUND_TRIPS_MS:
-        appends, open_appends = _measure("session", added, seconds, warmup_s, open_loop)
-        cycles, open_cycles = _measure("delivery", added, seconds, warmup_s, open_loop)
-        points.append(Point(added, appends, cycles, open_appends, open_cycles))
-    return points
-
-
-_HEADER = (
-    f"{'added RTT':>10}{'appends/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}"
-    f"{'cycles/s':>11}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}  vs +0 ms (appends, cycles)"
-)
-
-
-def _share(value: float, base: float) -> str:
-    return f"{value / base:.3f}" if base > 0 else "n/a"
-
-
-def render(points: list[Point], open_loop: latency.OpenLoopPlan | None = None) -> str:
-    """The closed-loop table, then the open-loop one when the points have open-loop runs."""
-    lines = [_HEADER, "-" * len(_HEADER)]
-    base = points[0] if points else None
-    for p in points:
-        a, c = p.appends, p.cycles
-        shares = (
-            f"{_share(a.cycles_per_s, base.appends.cycles_per_s)}, "
-            f"{_share(c.cycles_per_s, base.cycles.cycles_per_s)}"
-            if base is not None
-            else ""
+def run(ctx: Context) -> Section:
+    if ctx.backend("postgres") is None:
+        note = f"db-latency: {ctx.missing('postgres')}"
+        return Section(
+            "db-latency",
+            "Postgres: throughput against database round trip",
+            note,
+            {"points": []},
+            notes=[note],
         )
-        lines.append(
-            f"{f'+{p.added_rtt_ms:g} ms':>10}{a.cycles_per_s:>11,.1f}{a.p50_ms:>9.2f}"
-            f"{a.p99_ms:>9.2f}{a.errors:>8}{c.cycles_per_s:>11,.1f}{c.p50_ms:>9.2f}"
-            f"{c.p99_ms:>9.2f}{c.errors:>8}  {shares}"
-        )
-    lines.append(
-        f"({CLIENTS} clients, 1 channel; the round trip is added by a TCP proxy between the "
-        "server process and Postgres; a delivery cycle is RecordObligation -> MarkAttempting "
-        "-> MarkDelivered)"
-    )
-    rows = open_rows(points)
-    if open_loop is not None and rows:
-        lines += ["", render_open_loop(rows, open_loop)]
-    return "\n".join(lines)
-
-
-_OPEN_HEADER = (
-    f"{'operation':<25}{'added RTT':>10}{'offered/s':>10}{'achieved/s':>11}{'p50 ms':>9}"
-    f"{'p99 ms':>9}{'lag p99':>9}{'in flt':>7}{'errors':>7}  vs +0 ms"
-)
-
-
-def open_rows(points: list[Point]) -> list[tuple[Measurement, str, str]]:
-    """(open-loop run, operation label, ratio text), appends first, by added round trip;
-    the ratios are to the +0 ms run of the same service."""
-    rows: list[tuple[Measurement, str, str]] = []
-    for service in SERVICES:
-        runs = [run for p in points if (run := p.open_run(service)) is not None]
-        base = next((m for m in runs if m.extra["added_rtt_ms"] == 0), None)
-        for m in runs:
-            ratio = latency.latency_ratio(m, base)
-            achieved = f"achieved {latency.achieved_share(m):.2f} x offered"
-            rows.append((m, latency.OPERATIONS[service], f"{ratio}; {achieved}"))
-    return rows
-
-
-def render_open_loop(rows: list[tuple[Measurement, str, str]], plan: latency.OpenLoopPlan) -> str:
-    lines = [_OPEN_HEADER, "-" * len(_OPEN_HEADER)]
-    for m, operation, ratio in rows:
-        x = m.extra
-        added = f"+{x['added_rtt_ms']:g} ms"
-        lines.append(
-            f"{operation:<25}{added:>10}{x['offered_rate']:>10,.0f}"
-            f"{x['achieved_rate']:>11,.1f}{m.p50_ms:>9.2f}{m.p99_ms:>9.2f}"
-            f"{x['start_lag_p99_ms']:>9.2f}{x['max_in_flight']:>7}{m.errors:>7}  {ratio}"
-        )
-    lines.append(
-        f"(open loop, 1 channel, on the server of the closed-loop row: operation k starts at "
-        f"t0 + k/{OPEN_LOOP_RATE:g} s whatever is still running, over {plan.seconds:g} s after "
-        f"{plan.warmup_s:g} s of warm-up; latency from the scheduled start, so queueing counts; "
-        "achieved below offered: the server fell behind, and its latency grows with the "
-        f"length of the run; an operation is cancelled after {OP_TIMEOUT_S:g} s and counted "
-        "as an error; lag p99: how late the load generator started them, ms)"
-    )
-    return "\n".join(lines)
-
-
-def report(
-    points: list[Point], open_loop: latency.OpenLoopPlan | None = None
-) -> list[dict[str, Any]]:
-    """The `db_latency` entries of bench/results/latest.json, one per added round trip;
-    `open_loop` (rate, windows, both runs and their ratio texts) is None without one."""
-    ratios = {id(m): ratio for m, _operation, ratio in open_rows(points)}
-    entries: list[dict[str, Any]] = []
-    for p in points:
-        entry: dict[str, Any] = {
-            "added_rtt_ms": p.added_rtt_ms,
-            "clients": CLIENTS,
-            "appends": p.appends.to_json(),
-            "cycles": p.cycles.to_json(),
-            "open_loop": None,
-        }
-        if open_loop is not None and p.open_appends is not None and p.open_cycles is not None:
-            entry["open_loop"] = {
-                "rate": OPEN_LOOP_RATE,
-                "seconds": open_loop.seconds,
-                "warmup_s": open_loop.warmup_s,
-                "appends": {**p.open_appends.to_json(), "ratio": ratios[id(p.open_appends)]},
-                "cycles": {**p.open_cycles.to_json(), "ratio": ratios[id(p.open_cycles)]},
+    points: list[dict[str, Any]] = []
+    for added in added_round_trips(ctx):
+        point: dict[str, Any] = {"added_rtt_ms": added, "open_loop": {}}
+        for service in SERVICES:
+            closed, opened = _point(service, added, ctx)
+            point[service], point["open_loop"][service] = closed, opened
+        points.append(point)
+    text = "\n\n".join((_closed_table(points), _open_table(points)))
+    data = {
+        "open_loop_rate": OPEN_LOOP_RATE,
+        "points": [
+            {
+                "added_rtt_ms": p["added_rtt_ms"],
+                **{s: p[s].to_json() for s in SERVICES},
+                "open_loop": {s: m.to_json() for s, m in p["open_loop"].items()},
             }
-        entries.append(entry)
-    return entries
+            for p in points
+        ],
+    }
+    measured = [m for p in points for m in (*(p[s] for s in SERVICES), *p["open_loop"].values())]
+    title = "Postgres: appends and delivery cycles against added database round trip"
+    return Section("db-latency", title, text, data, notes=error_notes("db-latency", measured))
+
+
+def _closed_table(points: list[dict[str, Any]]) -> str:
+    base = points[0]
+    rows = [
+        (
+            f"+{p['added_rtt_ms']:g} ms",
+            *(
+                cell
+                for s in SERVICES
+                for cell in (
+                    rate(p[s].cycles_per_s),
+                    ms(p[s].p50_ms),
+                    ms(p[s].p99_ms),
+                    str(p[s].errors),
+                )
+            ),
+            ", ".join(
+                f"{p[s].cycles_per_s / max(base[s].cycles_per_s, 1e-9):.3f}" for s in SERVICES
+            ),
+        )
+        for p in points
+    ]
+    header = (
+        "added RTT",
+        "cycles/s",
+        "p50 ms",
+        "p99 ms",
+        "errors",
+        "appends/s",
+        "p50 ms",
+        "p99 ms",
+        "errors",
+        f"vs +{base['added_rtt_ms']:g} ms (cycles, appends)",
+    )
+    note = f"{CLIENTS} closed-loop clients over 1 channel; the round trip is added by a TCP proxy"
+    return table(header, rows, note)
+
+
+def _open_table(points: list[dict[str, Any]]) -> str:
+    rows = []
+    for service in SERVICES:
+        base = points[0]["open_loop"][service]
+        for p in points:
+            m = p["open_loop"][service]
+            remark = open_loop.versus(m, None if m is base else base)
+            rows.append(open_loop.open_row(f"+{p['added_rtt_ms']:g} ms", m, remark))
+    header = ("added RTT", *open_loop.OPEN_HEADER[1:-1], "vs the first row")
+    note = (
+        f"open loop at {OPEN_LOOP_RATE:g} operations/s on the server of the closed-loop row; "
+        "achieved below offered: the server fell behind, and its latency grows with the run"
+    )
+    return table(header, rows, note)

@@ -14,10 +14,10 @@ nothing subtracted.
 
 Operations (`--only`):
 
-- `appends`: SessionService AppendEvents of one 100-byte USER message
-  (`bench.session_load.append_message`) into a session of its own;
+- `appends`: SessionService AppendEvents of one 100-byte USER message into a session
+  of its own (`bench.workloads.Append`);
 - `delivery`: one DeliveryService send cycle, RecordObligation → MarkAttempting →
-  MarkDelivered (`bench.delivery_cycle.send_cycle`), 3 RPCs;
+  MarkDelivered (`bench.workloads.Cycle`), 3 RPCs;
 - `noop`: `grpc.health.v1.Health/Check`, the baseline. It is counted on every
   server started, first, and each operation is related to the no-op of its own
   server per RPC (a delivery cycle against 3 no-ops).
@@ -55,7 +55,6 @@ import re
 import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -63,12 +62,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from bench import delivery_cycle, servers, session_load
-from bench.harness import RESULTS_DIR, log
-from switchboard.delivery.v1 import delivery_service_pb2_grpc as delivery_grpc
-from switchboard.session.v1 import session_service_pb2_grpc as session_grpc
+from bench import against, servers, workloads
+from bench.plan import progress as log
+from bench.report import RESULTS_DIR
 
 OPS = ("appends", "delivery", "noop")
 #: Ops per window: under callgrind (here) a no-op takes ~10 ms, an append ~25 ms and a
@@ -82,8 +79,8 @@ DEFAULT_WINDOWS = 2
 IDLE_WINDOW_S = 3.0
 #: A server under valgrind starts ~10x slower than natively; on a busy machine more.
 START_TIMEOUT_S = 300.0
-#: For the channel and Health/Check under callgrind; the appends and cycles keep their
-#: modules' 10 s per RPC (a call here takes well under 0.1 s even on a busy machine).
+#: For the channel to a server under callgrind; the calls keep the workloads' 10 s per
+#: RPC (a call here takes well under 0.1 s even on a busy machine).
 RPC_TIMEOUT_S = 60.0
 CALLGRIND_OUT = "callgrind.out"
 
@@ -295,36 +292,20 @@ class ServerCounts:
 #: One call of an operation; a closure that keeps its own sequence number.
 Call = Callable[[], Awaitable[Any]]
 
-
-async def _noop(channel: grpc.aio.Channel) -> Call:
-    check = health_pb2_grpc.HealthStub(channel).Check
-    request = health_pb2.HealthCheckRequest(service="")
-    return lambda: check(request, timeout=RPC_TIMEOUT_S)
-
-
-async def _appends(channel: grpc.aio.Channel) -> Call:
-    stub = session_grpc.SessionServiceStub(channel)
-    agent = f"bench-{uuid.uuid4().hex[:12]}"
-    await session_load.create_agent(stub, agent)
-    session_id = await session_load.resolve_session(stub, agent, "tab-0")
-    sequence = itertools.count()
-    return lambda: session_load.append_message(stub, agent, session_id, 0, next(sequence))
-
-
-async def _delivery(channel: grpc.aio.Channel) -> Call:
-    stub = delivery_grpc.DeliveryServiceStub(channel)
-    instance_id = await delivery_cycle.register_instance(stub)
-    tag = uuid.uuid4().hex[:8]
-    sequence = itertools.count()
-    return lambda: delivery_cycle.send_cycle(stub, instance_id, 0, tag, next(sequence))
-
-
-#: op → (service, RPCs per op, setup returning one call).
-_OPERATIONS: dict[str, tuple[str, int, Callable[[grpc.aio.Channel], Awaitable[Call]]]] = {
-    "noop": ("", 1, _noop),
-    "appends": ("session", 1, _appends),
-    "delivery": ("delivery", 3, _delivery),
+#: op → (service, RPCs per op, the workload whose operation it is).
+_OPERATIONS: dict[str, tuple[str, int, type[workloads.Workload]]] = {
+    "noop": ("", 1, workloads.Noop),
+    "appends": ("session", 1, workloads.Append),
+    "delivery": ("delivery", 3, workloads.Cycle),
 }
+
+
+async def _call(channel: grpc.aio.Channel, op: str) -> Call:
+    """The workload of `op` prepared on `channel` (one lane), as one call."""
+    workload = _OPERATIONS[op][2]()
+    await workload.prepare([channel], 1)
+    sequence = itertools.count()
+    return lambda: workload.op(0, next(sequence))
 
 
 async def _count_server(
@@ -344,8 +325,8 @@ async def _count_server(
         await asyncio.wait_for(channel.channel_ready(), timeout=RPC_TIMEOUT_S)
         counts = []
         for op in ["noop", *ops]:
-            _, rpcs, setup = _OPERATIONS[op]
-            call = await setup(channel)
+            rpcs = _OPERATIONS[op][1]
+            call = await _call(channel, op)
             for _ in range(WARMUP_CALLS):
                 await call()
             count = Count(op, service, rpcs)
@@ -399,11 +380,10 @@ def count_tree(
             log(f"starting the {service} server under callgrind ({code_root})")
             started = time.monotonic()
             server = stack.enter_context(
-                servers.running_server(
+                servers.started(
+                    service,
                     url,
                     data_dir,
-                    "FULL",
-                    service=service,
                     code_root=code_root,
                     command_prefix=callgrind_prefix(data_dir),
                     start_timeout_s=START_TIMEOUT_S,
@@ -504,8 +484,6 @@ def valgrind_version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench import against, runner  # not at the top: both import much more
-
     parser = argparse.ArgumentParser(
         prog="python -m bench.instructions",
         description="Instructions per RPC of real servers, counted by callgrind.",
@@ -536,8 +514,7 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.monotonic()
     report: dict[str, Any] = {
-        "machine": runner.machine_info(),
-        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "machine": servers.machine_info(),
         "valgrind": valgrind_version(),
         "calls_per_window": args.calls,
         "windows": args.windows,

@@ -1,294 +1,162 @@
-"""The open-loop load generator: operations started on a fixed schedule (grpc.aio).
+"""The section `open-loop`: latency under a fixed load, against no-op calls at the same rate.
 
-Run as its own process (the runner does this), never inside the server's:
-
-    python -m bench.open_loop --address 127.0.0.1:PORT --service delivery --op work --rate 500
-
-Closed-loop clients wait for an answer before they send again, so a slow
-server slows the load down and the latencies it reports hide the queue.
-Here operation k is due at t0 + k / rate and is started at that moment
-whether or not earlier ones have finished; its latency runs from when it was
-*due*, so time spent waiting (in this process's event loop, in the server's
-queues) counts. Operations due in the first `--warmup` seconds are not
-measured; those due in the next `--seconds` are. The achieved rate counts
-operations that finished successfully inside the measured window.
-
-Operations (`--op work`):
-- `--service delivery`: one delivery cycle, RecordObligation (unique content,
-  over `CONVERSATIONS` session keys of one registered instance) →
-  MarkAttempting → MarkDelivered, each awaited before the next (3 RPCs);
-- `--service session`: one AppendEvents of one 100-byte USER message to one of
-  `CONVERSATIONS` sessions of one agent, round robin (1 RPC).
-
-`--op noop` replaces each operation by the same number of
-`grpc.health.v1.Health/Check` calls (3 for delivery, 1 for session), in
-sequence: the baseline of the gRPC layer at the same rate.
-
-An operation taking longer than `OP_TIMEOUT_S` is cancelled and counted as an
-error. Prints one JSON object (a `bench.stats.Measurement`) on stdout.
+Closed-loop clients send again only once answered, so a slow server slows the load
+and hides its queue. Here `bench.loadgen` starts operation k at t0 + k / rate whatever
+is still in flight (over `LANES` sessions, or session keys, round robin) and times it
+from that scheduled start. On a fresh server of each service (the first selected
+backend, normally SQLite FULL), each rate is offered twice: first as no-ops (as many
+Health/Check calls per operation as the real one makes RPCs), then for real: one
+delivery cycle (3 RPCs) or one AppendEvents (1 RPC). Each real run is reported beside
+the no-op at the same rate, as ratios of p50 and p99.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
-import resource
-import sys
-import time
-import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from bench import loadgen, servers
+from bench.plan import Context, Section, error_notes
+from bench.report import ms, percent, table
+from bench.stats import Measurement
 
-from bench import delivery_cycle, session_load
-from bench.session_load import message_event
-from bench.stats import percentile, summarise
-from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
-from switchboard.session.v1 import session_service_pb2 as spb
-from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
-
-#: Deadline of one operation (all its RPCs), counted from when it started.
-OP_TIMEOUT_S = 10.0
-#: Delivery session keys / SessionService sessions the operations are spread over.
-CONVERSATIONS = 32
-#: RPCs per operation, by service.
-RPCS = {"delivery": 3, "session": 1}
-
-Operation = Callable[[int], Awaitable[None]]
+#: Sessions (delivery: session keys) the operations are spread over.
+LANES = 32
+#: service -> (workload, RPCs per operation, what an operation is).
+SERVICES = {
+    "delivery": ("cycle", 3, "delivery cycle (3 RPCs)"),
+    "session": ("append", 1, "AppendEvents (1 RPC)"),
+}
 
 
-@dataclass
-class Outcome:
-    due: float
-    started: float = 0.0
-    ended: float = 0.0
-    ok: bool = False
-    error: str = ""
+@dataclass(frozen=True)
+class Plan:
+    rates: tuple[float, ...]
+    seconds: float
+    warmup_s: float
 
 
-@dataclass
-class Tally:
-    in_flight: int = 0
-    max_in_flight: int = 0
-    first_error: str = ""
-    outcomes: list[Outcome] = field(default_factory=list)
-
-
-def _only_127(address: str) -> str:
-    host = address.rsplit(":", 1)[0]
-    if host not in ("127.0.0.1", "localhost"):
-        raise SystemExit(f"refusing to load a server that is not on 127.0.0.1: {address}")
-    return address
-
-
-def _first_line(exc: BaseException) -> str:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        return f"{exc.code().name}: {exc.details()}"[:300]
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
-
-
-# -- operations -------------------------------------------------------------------------------
-
-
-def noop_operation(channel: grpc.aio.Channel, calls: int) -> Operation:
-    check = health_pb2_grpc.HealthStub(channel).Check
-    request = health_pb2.HealthCheckRequest(service="")
-
-    async def operation(_k: int) -> None:
-        for _ in range(calls):
-            await check(request, timeout=OP_TIMEOUT_S)
-
-    return operation
-
-
-async def delivery_operation(channel: grpc.aio.Channel) -> Operation:
-    stub = dpb_grpc.DeliveryServiceStub(channel)
-    instance_id = await delivery_cycle.register_instance(stub)
-    tag = uuid.uuid4().hex[:8]  # contents stay unique across runs on one database
-
-    async def operation(k: int) -> None:
-        await delivery_cycle.send_cycle(stub, instance_id, k % CONVERSATIONS, tag, k)
-
-    return operation
-
-
-async def session_operation(channel: grpc.aio.Channel) -> Operation:
-    stub = spb_grpc.SessionServiceStub(channel)
-    agent = f"bench-{uuid.uuid4().hex[:12]}"  # unique on a database that outlives one run
-    await session_load.create_agent(stub, agent)
-    session_ids = [
-        await session_load.resolve_session(stub, agent, f"open-{n}") for n in range(CONVERSATIONS)
-    ]
-
-    async def operation(k: int) -> None:
-        conversation = k % CONVERSATIONS
-        response = await stub.AppendEvents(
-            spb.AppendEventsRequest(
-                agent=agent,
-                session_id=session_ids[conversation],
-                events=[message_event(conversation, k)],
-            ),
-            timeout=OP_TIMEOUT_S,
-        )
-        if len(response.events) != 1:
-            raise RuntimeError(f"append {k} answered {len(response.events)} events")
-
-    return operation
-
-
-# -- the schedule -----------------------------------------------------------------------------
-
-
-async def _one(operation: Operation, k: int, outcome: Outcome, tally: Tally) -> None:
-    outcome.started = time.perf_counter()
-    tally.in_flight += 1
-    tally.max_in_flight = max(tally.max_in_flight, tally.in_flight)
-    try:
-        await asyncio.wait_for(operation(k), timeout=OP_TIMEOUT_S)
-        outcome.ok = True
-    except (grpc.aio.AioRpcError, RuntimeError, TimeoutError) as exc:
-        # wait_for cancels an operation at OP_TIMEOUT_S; the RPC it was in may then
-        # surface as CANCELLED rather than as the timeout it is.
-        late = time.perf_counter() - outcome.started >= OP_TIMEOUT_S - 0.05
-        outcome.error = f"timed out after {OP_TIMEOUT_S:g} s" if late else _first_line(exc)
-        tally.first_error = tally.first_error or outcome.error
-    finally:
-        outcome.ended = time.perf_counter()
-        tally.in_flight -= 1
-
-
-async def drive(operation: Operation, rate: float, total: int, t0: float, tally: Tally) -> None:
-    """Starts operation k at t0 + k / rate (all that are due at once when late); then
-    waits for every operation to end."""
-    tasks: list[asyncio.Task[None]] = []
-    k = 0
-    while k < total:
-        now = time.perf_counter()
-        due = t0 + k / rate
-        if due > now:
-            await asyncio.sleep(due - now)
-            continue
-        while k < total and t0 + k / rate <= now:
-            outcome = Outcome(due=t0 + k / rate)
-            tally.outcomes.append(outcome)
-            tasks.append(asyncio.create_task(_one(operation, k, outcome, tally)))
-            k += 1
-    await asyncio.gather(*tasks)
-
-
-async def run(
-    address: str,
-    service: str,
-    op: str,
-    rate: float,
-    seconds: float,
-    warmup_s: float,
-    channels: int,
-) -> dict[str, Any]:
-    opened = [
-        grpc.aio.insecure_channel(
-            _only_127(address),
-            # A local subchannel pool gives every channel its own connection.
-            options=[("grpc.use_local_subchannel_pool", 1)],
-        )
-        for _ in range(channels)
-    ]
-    try:
-        for channel in opened:
-            await asyncio.wait_for(channel.channel_ready(), timeout=OP_TIMEOUT_S)
-        if op == "noop":
-            per_channel = [noop_operation(channel, RPCS[service]) for channel in opened]
-        elif service == "delivery":
-            per_channel = [await delivery_operation(channel) for channel in opened]
-        else:
-            per_channel = [await session_operation(channel) for channel in opened]
-
-        async def operation(k: int) -> None:
-            await per_channel[k % channels](k)
-
-        tally = Tally()
-        total = round(rate * (warmup_s + seconds))
-        cpu_before = resource.getrusage(resource.RUSAGE_SELF)
-        t0 = time.perf_counter() + 0.05
-        await drive(operation, rate, total, t0, tally)
-        wall = time.perf_counter() - t0
-        cpu_after = resource.getrusage(resource.RUSAGE_SELF)
-    finally:
-        for channel in opened:
-            await channel.close()
-    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
-    window_from, window_to = t0 + warmup_s, t0 + warmup_s + seconds
-    measured = [o for o in tally.outcomes if window_from <= o.due < window_to]
-    latencies = [o.ended - o.due for o in measured if o.ok]
-    finished_in_window = sum(
-        1 for o in tally.outcomes if o.ok and window_from <= o.ended <= window_to
+def plan(ctx: Context) -> Plan:
+    return ctx.scale.pick(
+        Plan((200.0, 500.0, 1000.0), 6.0, 1.0),
+        Plan((200.0, 500.0), 2.0, 0.5),
+        Plan((100.0,), 0.5, 0.2),
     )
-    lags = sorted(o.started - o.due for o in measured)
-    measurement = summarise(
-        f"{service} {op}",
-        0,
-        seconds,
-        latencies,
-        finished_in_window,
-        errors=sum(1 for o in measured if not o.ok),
-        channels=channels,
+
+
+def open_load(workload: str, rpcs: int, rate: float, chosen: Plan) -> loadgen.Load:
+    return loadgen.Load(
+        workload,
+        clients=LANES,
+        rate=rate,
+        rpcs=rpcs,
+        seconds=chosen.seconds,
+        warmup_s=chosen.warmup_s,
     )
-    measurement.rpcs_per_cycle = RPCS[service]
-    measurement.extra = {
-        "service": service,
-        "op": op,
-        "offered_rate": rate,
-        "achieved_rate": round(finished_in_window / seconds, 1),
-        "scheduled": len(measured),
-        "completed": len(latencies),
-        "start_lag_p50_ms": round(percentile(lags, 0.5) * 1000, 3),
-        "start_lag_p99_ms": round(percentile(lags, 0.99) * 1000, 3),
-        "max_in_flight": tally.max_in_flight,
-        "loadgen_cpu_s": round(cpu, 3),
-        "loadgen_wall_s": round(wall, 3),
-        "loadgen_cpu_util": round(cpu / wall, 3) if wall > 0 else 0.0,
-        "first_error": tally.first_error,
+
+
+def run(ctx: Context) -> Section:
+    chosen, backend = plan(ctx), ctx.backends[0]
+    runs: list[tuple[str, str, Measurement]] = []
+    for service, (workload, rpcs, what) in SERVICES.items():
+        with servers.serving(service, backend) as server:
+            for offered in chosen.rates:
+                for op in ("noop", "work"):
+                    load = open_load("noop" if op == "noop" else workload, rpcs, offered, chosen)
+                    found = loadgen.run(server, load)
+                    found.name = what if op == "work" else f"no-op ({rpcs}x Health/Check)"
+                    ctx.say(f"[open-loop] {service} {describe_open(found)}")
+                    runs.append((service, op, found))
+    rows = []
+    for service, op, m in runs:
+        noop = next(n for s, o, n in runs if (s, o) == (service, "noop") and _rate(n) == _rate(m))
+        rows.append(open_row(backend.label, m, versus(m, None if op == "noop" else noop)))
+    data = {
+        "backend": backend.key,
+        "plan": {
+            "rates": list(chosen.rates),
+            "seconds": chosen.seconds,
+            "warmup_s": chosen.warmup_s,
+        },
+        "runs": [{"service": s, "op": op, "measurement": m.to_json()} for s, op, m in runs],
     }
-    return measurement.to_json()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--address", required=True, help="127.0.0.1:PORT of the service")
-    parser.add_argument("--service", choices=tuple(RPCS), required=True)
-    parser.add_argument(
-        "--op",
-        choices=("work", "noop"),
-        default="work",
-        help="work: a delivery cycle / an AppendEvents; noop: as many Health/Check calls",
+    title = f"Latency under a fixed open-loop load ({backend.label})"
+    note = (
+        f"operation k starts at t0 + k/rate whatever is still running, {chosen.seconds:g} s "
+        f"after {chosen.warmup_s:g} s of warm-up; latency from the scheduled start, so queueing "
+        "counts; achieved: operations finished in the window per second; lag p99: how late "
+        "the load generator started them; in flt: most operations in flight"
     )
-    parser.add_argument("--rate", type=float, required=True, help="operations started per second")
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--channels", type=int, default=1)
-    args = parser.parse_args(argv)
-    if args.rate <= 0 or args.seconds <= 0 or args.warmup < 0 or args.channels < 1:
-        parser.error("rate and seconds must be > 0, warmup >= 0, channels >= 1")
-    result = asyncio.run(
-        run(
-            args.address,
-            args.service,
-            args.op,
-            args.rate,
-            args.seconds,
-            args.warmup,
-            args.channels,
-        )
+    measured = [m for _, _, m in runs]
+    return Section(
+        "open-loop",
+        title,
+        table(OPEN_HEADER, rows, note),
+        data,
+        notes=error_notes("open loop", measured),
     )
-    json.dump(result, sys.stdout)
-    sys.stdout.write("\n")
-    return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+OPEN_HEADER = (
+    "configuration",
+    "operation",
+    "offered/s",
+    "achieved/s",
+    "p50 ms",
+    "p99 ms",
+    "lag p99",
+    "in flt",
+    "errors",
+    "srv CPU",
+    "lg CPU",
+    "vs no-op",
+)
+
+
+def open_row(configuration: str, m: Measurement, remark: str) -> tuple[str, ...]:
+    x = m.extra
+    return (
+        configuration,
+        m.name,
+        f"{_rate(m):,.0f}",
+        f"{x['achieved_rate']:,.1f}",
+        ms(m.p50_ms),
+        ms(m.p99_ms),
+        f"{x['start_lag_p99_ms']:.2f}",
+        str(x["max_in_flight"]),
+        str(m.errors),
+        percent(x.get("server_cpu_util")),
+        percent(x.get("loadgen_cpu_util")),
+        remark,
+    )
+
+
+def _rate(m: Measurement) -> float:
+    return float(m.extra["offered_rate"])
+
+
+def versus(m: Measurement, base: Measurement | None) -> str:
+    """`m`'s latencies against `base`'s (None: `m` is the baseline), and its achieved rate."""
+    lead = "baseline" if base is None else latency_ratio(m, base)
+    return f"{lead}; achieved {achieved_share(m):.2f} x offered"
+
+
+def latency_ratio(run: Measurement, base: Measurement | None) -> str:
+    """p50 and p99 of `run` as ratios to those of `base` (a no-op, or another point)."""
+    if base is None or not base.p50_ms > 0 or not base.p99_ms > 0:
+        return "n/a"
+    return f"p50 {run.p50_ms / base.p50_ms:.2f} x, p99 {run.p99_ms / base.p99_ms:.2f} x"
+
+
+def achieved_share(m: Measurement) -> float:
+    """Operations finished per second over those offered: below 1, the server fell behind."""
+    return float(m.extra["achieved_rate"]) / _rate(m)
+
+
+def describe_open(m: Measurement) -> str:
+    x: dict[str, Any] = m.extra
+    return (
+        f"{m.name} at {_rate(m):g}/s: achieved {x['achieved_rate']:,.1f}/s, p50 {m.p50_ms:.2f} ms, "
+        f"p99 {m.p99_ms:.2f} ms, errors {m.errors}, start lag p99 {x['start_lag_p99_ms']:.2f} ms"
+        + (f"; first error: {x['first_error']}" if x.get("first_error") else "")
+    )

@@ -1,15 +1,22 @@
-"""One measurement's numbers and how they are summarised."""
+"""One measurement's numbers: the window they were counted in, and how they are summarised.
+
+Every closed loop of the benchmarks (the load generator's clients, the in-process
+floors, the peers) counts through `Window`, so the rules are the same everywhere:
+the first `warmup_s` are not counted; an operation counts when it ends inside the
+window, its latency when it also began there.
+"""
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
-#: RPCs (or raw transactions) per delivery cycle: record, attempting, delivered.
-STEPS_PER_CYCLE = 3
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def percentile(sorted_values: Sequence[float], fraction: float) -> float:
@@ -22,7 +29,10 @@ def percentile(sorted_values: Sequence[float], fraction: float) -> float:
 
 @dataclass
 class Measurement:
-    """Cycles completed inside a measurement window, and their latencies."""
+    """Operations (`cycles`) completed inside a measurement window, and their latencies.
+
+    An operation is what a workload repeats: one append, one delivery cycle (3 RPCs),
+    one next-turn load (2 RPCs); for a claim, one claimed row."""
 
     name: str
     clients: int
@@ -33,7 +43,7 @@ class Measurement:
     mean_ms: float
     errors: int = 0
     channels: int = 0
-    rpcs_per_cycle: float = STEPS_PER_CYCLE
+    rpcs_per_cycle: float = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -65,7 +75,7 @@ def summarise(
     errors: int = 0,
     channels: int = 0,
 ) -> Measurement:
-    """A measurement from per-cycle latencies (seconds) and the completed count."""
+    """A measurement from per-operation latencies (seconds) and the completed count."""
     ordered = sorted(latencies_s)
     mean = sum(ordered) / len(ordered) if ordered else math.nan
     return Measurement(
@@ -81,25 +91,90 @@ def summarise(
     )
 
 
+@dataclass
+class Window:
+    """A closed loop's measurement window: `warmup_s` from `started`, then `seconds`."""
+
+    warmup_s: float
+    seconds: float
+    started: float = field(default_factory=time.perf_counter)
+    latencies: list[float] = field(default_factory=list)
+    completed: int = 0
+
+    @property
+    def measure_from(self) -> float:
+        return self.started + self.warmup_s
+
+    @property
+    def stop_at(self) -> float:
+        return self.measure_from + self.seconds
+
+    def open(self) -> bool:
+        """Whether an operation may still begin."""
+        return time.perf_counter() < self.stop_at
+
+    def record(self, began: float, ended: float, items: int = 1) -> bool:
+        """Counts one operation (of `items` items); False once the window has closed."""
+        if ended > self.stop_at:
+            return False
+        if began >= self.measure_from:
+            self.latencies.append(ended - began)
+        if ended >= self.measure_from:
+            self.completed += items
+        return True
+
+    def measurement(self, name: str, clients: int = 1, errors: int = 0) -> Measurement:
+        return summarise(name, clients, self.seconds, self.latencies, self.completed, errors)
+
+
 def timed_loop(
     name: str, operation: Callable[[int], None], seconds: float, warmup_s: float
 ) -> Measurement:
     """Runs `operation(i)` back to back in this thread for warmup + seconds and measures
-    the last `seconds`: an operation counts if it ends inside the window, its latency
-    if it also began there (the floors' and the in-process peers' one loop)."""
-    latencies: list[float] = []
-    measure_from = time.perf_counter() + warmup_s
-    stop_at = measure_from + seconds
-    completed = 0
+    the last `seconds` (the floors' and the in-process peers' one loop)."""
+    window = Window(warmup_s, seconds)
     i = 0
-    while (began := time.perf_counter()) < stop_at:
+    while window.open():
+        began = time.perf_counter()
         operation(i)
-        ended = time.perf_counter()
         i += 1
-        if ended > stop_at:
+        if not window.record(began, time.perf_counter()):
             break
-        if began >= measure_from:
-            latencies.append(ended - began)
-        if ended >= measure_from:
-            completed += 1
-    return summarise(name, 1, seconds, latencies, completed)
+    return window.measurement(name)
+
+
+@dataclass(frozen=True)
+class ThreadCpu:
+    tid: int
+    name: str
+    cpu_s: float
+
+
+def thread_cpu(pid: int) -> dict[int, ThreadCpu]:
+    """CPU seconds (user + system) of every thread of process `pid`, from /proc; the
+    main thread (a server's event loop) is named so."""
+    threads: dict[int, ThreadCpu] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return threads
+    for entry in tids:
+        try:
+            raw = Path(f"/proc/{pid}/task/{entry}/stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        name = raw[raw.index("(") + 1 : raw.rindex(")")]
+        fields = raw[raw.rindex(")") + 2 :].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime
+        tid = int(entry)
+        threads[tid] = ThreadCpu(tid, "main" if tid == pid else name, ticks / _CLOCK_TICKS)
+    return threads
+
+
+def cpu_delta(before: dict[int, ThreadCpu], after: dict[int, ThreadCpu]) -> list[ThreadCpu]:
+    """Per-thread CPU spent between two `thread_cpu` samples, busiest first."""
+    spent = [
+        ThreadCpu(tid, now.name, now.cpu_s - (before[tid].cpu_s if tid in before else 0.0))
+        for tid, now in after.items()
+    ]
+    return sorted((t for t in spent if t.cpu_s > 0), key=lambda t: -t.cpu_s)

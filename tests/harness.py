@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -247,7 +247,8 @@ _LISTENING = re.compile(r"(\w+Service) listening on (\S+)")
 
 class ServerProcess:
     """`switchboard serve delivery` (or `session`) as a real child process, with extra
-    environment if given (e.g. libfaketime's, for a skewed clock)."""
+    environment if given (e.g. libfaketime's, for a skewed clock). The benchmarks start
+    their servers with it too (bench/servers.py)."""
 
     def __init__(
         self,
@@ -256,15 +257,32 @@ class ServerProcess:
         *extra: str,
         service: str = "delivery",
         env: dict[str, str] | None = None,
+        code_root: Path | None = None,
+        command_prefix: Sequence[str] = (),
+        keep_lines: int | None = None,
     ) -> None:
+        """`code_root`: the tree whose server code runs (an earlier release's, say):
+        `python -m` puts the working directory first on the path. `command_prefix`: a
+        program that execs the server in the same process (`valgrind --tool=callgrind
+        …`), so that `pid` stays the server's. `keep_lines`: how much of the output
+        `output` keeps once the server listens (None: all of it; a benchmark's access
+        log would otherwise grow without bound)."""
         self.service = service
         self.url = url
         self.data_dir = data_dir
         self.extra = extra
         self.env = env
+        self.code_root = code_root
+        self.command_prefix = list(command_prefix)
+        self.keep_lines = keep_lines
         self.process: subprocess.Popen[str] | None = None
         self.address = ""
         self.output: list[str] = []
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
 
     def start(self, timeout_s: float = 30.0) -> str:
         self.launch()
@@ -275,6 +293,7 @@ class ServerProcess:
         several can start at the same moment."""
         self.process = subprocess.Popen(
             [
+                *self.command_prefix,
                 sys.executable,
                 "-m",
                 "switchboard",
@@ -294,6 +313,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env=None if self.env is None else {**os.environ, **self.env},
+            cwd=self.code_root,
         )
 
     def wait_ready(self, timeout_s: float = 30.0) -> str:
@@ -319,6 +339,8 @@ class ServerProcess:
         assert self.process is not None and self.process.stdout is not None
         for line in self.process.stdout:
             self.output.append(line)
+            if self.keep_lines is not None:
+                del self.output[: -self.keep_lines]
 
     def kill(self) -> None:
         assert self.process is not None

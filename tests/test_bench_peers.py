@@ -1,6 +1,6 @@
-"""The benchmark's goal lines and peers (bench/peers): verdicts and wording on fixed figures,
-and peers that cannot run (extra missing, Postgres down, a failing run) become "skipped"
-lines instead of a crash. No figure here is measured; nothing is timed."""
+"""The benchmark's goal lines, targets and peers (bench/peers): verdicts and wording on fixed
+figures, and peers that cannot run (extra missing, Postgres down, a failing run) become
+"skipped" lines instead of a crash. No figure here is measured; nothing is timed."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench import plots, runner
+from bench import report, runner
 from bench.peers import PEERS, Peer, PeerResult, goals, measure_all, render_table
 from bench.peers.common import SKIPPED_NO_EXTRA
+from bench.plan import SCALES, Context, Section
 from bench.stats import Measurement
 
 NOT_INSTALLED = "switchboard_bench_no_such_module"
@@ -145,14 +146,36 @@ def test_a_peer_run_that_fails_is_skipped_with_its_last_words() -> None:
     assert "unknown peer 'no-such-peer'" in result.skipped
 
 
-def test_the_runner_names_what_was_not_selected_or_not_reachable() -> None:
-    verdicts = runner.goal_verdicts(["peers"], "refused", [], {}, [], _measured_peers())
+def test_the_runner_names_what_was_not_selected_or_failed() -> None:
+    peers = Section("peers", "", "", {}, goals.peer_sides(_measured_peers()))
+    verdicts = runner.judge([peers], ["peers", "delivery"])
     lines = {v.goal.text: v.line for v in verdicts}
-    assert lines[goals.GOALS[0].text].endswith(": not measured (session-sqlite-full not selected)")
-    assert lines[goals.GOALS[3].text].endswith(": skipped (postgres: refused)")
-    without_peers = runner.goal_verdicts(["sqlite-full"], None, [], {}, [], [])
+    assert lines[goals.GOALS[0].text].endswith(": not measured (sessions not selected)")
+    assert lines[goals.GOALS[3].text].endswith(": not measured (delivery failed)")
+    without_peers = runner.judge([], ["delivery"])
     theirs = {v.theirs.missing for v in without_peers if v.goal.theirs in goals.PEER_SIDES}
     assert theirs == {"not measured (peers not selected)"}
+
+
+def test_an_unreachable_postgres_is_named_in_the_figures_it_leaves_out() -> None:
+    ctx = Context(SCALES["smoke"], [], postgres_reason="refused")
+    assert ctx.missing("postgres") == "skipped (postgres: refused)"
+    assert ctx.missing("sqlite-full") == "not measured (sqlite-full not selected)"
+
+
+def test_targets_are_judged_against_their_fixed_figures() -> None:
+    sides = {
+        **goals.TARGET_SIDES,
+        "delivery-8-sqlite": goals.Side("delivery", 1500.0),
+        "appends-8": goals.Side("appends", 2499.0),
+        "turn-1000": goals.Side("load", 2.9, "ms"),
+        "rewind-100k": goals.Side("rewind", 2.4, "s"),
+        "restart-1m": goals.Side("restart", missing="not measured (quick run)"),
+    }
+    verdicts = goals.judge_all(sides, goals.TARGETS)
+    assert [v.met for v in verdicts] == [True, False, True, False, None]
+    assert verdicts[3].line.endswith("NOT MET (1.20x: rewind 2.400 s vs target 2.000 s)")
+    assert verdicts[4].line.endswith(": not measured (quick run)")
 
 
 def test_peer_results_survive_the_json_report_and_reach_the_plots(tmp_path: Path) -> None:
@@ -161,14 +184,21 @@ def test_peer_results_survive_the_json_report_and_reach_the_plots(tmp_path: Path
     assert [(r.key, r.value, r.skipped) for r in again] == [
         (r.key, r.value, r.skipped) for r in results
     ]
-    report: dict[str, Any] = {"peers": [r.to_json() for r in results]}
-    drawn = plots._measured_peers(report, plots.SESSION_PEERS)
+    saved: dict[str, Any] = {"sections": {"peers": {"results": [r.to_json() for r in results]}}}
+    drawn = report.measured_peers(saved, report.SESSION_PEERS)
     assert [p["key"] for p in drawn] == [
         "openai-agents-add-items-1",
         "openai-agents-add-items-8",
         "adk-database-append",
         "adk-sqlite-append",
     ]  # the skipped LangGraph figure draws no line
-    run = _rate("sqlite FULL AppendEvents", 2000).to_json()
-    report["session"] = {"configurations": [{"config": "session-sqlite-full", "runs": [run]}]}
-    assert plots.session_plot(report, tmp_path) == tmp_path / "session-appends-vs-clients.png"
+    run = _rate("SQLite FULL", 2000).to_json()
+    config = {"backend": "sqlite-full", "label": "SQLite FULL", "runs": [run], "noop": []}
+    saved["sections"]["sessions"] = {
+        "title": "appends",
+        "unit": "appends",
+        "floors": {},
+        "configurations": [config],
+    }
+    path = report.throughput_plot(saved, "sessions", tmp_path)
+    assert path == tmp_path / "session-appends-vs-clients.png"

@@ -4,8 +4,9 @@ flow-control windows.
 
 Every call goes to a real server over TCP: through grpc's client where it can send the
 credential, through a raw HTTP/2 connection (tests/raw_h2.py) where grpc refuses to.
-Memory is measured by `python -m bench.preauth_memory`, not here (it cannot be held to a
-bound without flaking); these tests hold the behaviour that bounds it.
+Memory was measured by a benchmark (docs/performance.md, "memory before authentication"),
+not here (it cannot be held to a bound without flaking); these tests hold the behaviour
+that bounds it.
 """
 
 from __future__ import annotations

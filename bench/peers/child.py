@@ -1,6 +1,6 @@
 """One peer's measurement in a process of its own; prints its `PeerResult`s as JSON.
 
-    python -m bench.peers.child NAME --seconds S --warmup W --repetitions N [--postgres-url U]
+    python -m bench.peers.child NAME --seconds S --warmup W --repetitions N
 
 Each peer runs in its own process so that one peer's imports, threads and
 global state (ADK's, the Agents SDK's file locks) never touch another's figure,
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import sys
 from pathlib import Path
@@ -32,8 +31,7 @@ def run(name: str, directory: Path, args: argparse.Namespace) -> list[PeerResult
     if name == "openai-agents":
         return openai_agents.measure(directory, args.seconds, args.warmup)
     if name == "procrastinate":
-        schema = functools.partial(servers.postgres_schema, args.postgres_url)
-        return procrastinate_jobs.measure(schema, args.seconds, args.warmup)
+        return procrastinate_jobs.measure(servers.postgres_schema, args.seconds, args.warmup)
     raise SystemExit(f"unknown peer {name!r}")
 
 
@@ -43,7 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--warmup", type=float, required=True)
     parser.add_argument("--repetitions", type=int, default=20)
-    parser.add_argument("--postgres-url", default=servers.POSTGRES_URL)
     args = parser.parse_args(argv)
     with servers.temp_dir(f"bench-peer-{args.name}-") as directory:
         results = run(args.name, directory, args)

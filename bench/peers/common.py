@@ -2,7 +2,7 @@
 
 A peer's figure is a `Measurement` (writes per second, or a read's latency) or a
 reason it was skipped. Every durable write carries the payload of Switchboard's
-AppendEvents benchmark: one USER message of `bench.session_load.MESSAGE_BYTES`
+AppendEvents benchmark: one USER message of `bench.workloads.MESSAGE_BYTES`
 ASCII bytes (`message_content`), so the same bytes reach every store.
 """
 
@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.session_load import MESSAGE_BYTES, message_content
-from bench.stats import Measurement, summarise, timed_loop
+from bench.stats import Measurement, Window, summarise, timed_loop
+from bench.workloads import MESSAGE_BYTES, message_content
 
 #: What a person runs to get the peers (the root pyproject's optional extra).
 EXTRA_HINT = "pip install -e '.[bench]'"
@@ -102,29 +102,21 @@ async def timed_async(
     seconds: float,
     warmup_s: float,
 ) -> Measurement:
-    """`workers` closed-loop coroutines each awaiting `operation(worker, i)` back to back;
-    the same window rules as `bench.stats.timed_loop`, over all workers together."""
-    latencies: list[float] = []
-    completed = 0
-    measure_from = time.perf_counter() + warmup_s
-    stop_at = measure_from + seconds
+    """`workers` closed-loop coroutines each awaiting `operation(worker, i)` back to back,
+    counted in one `bench.stats.Window` over all of them."""
+    window = Window(warmup_s, seconds)
 
     async def worker(number: int) -> None:
-        nonlocal completed
         i = 0
-        while (began := time.perf_counter()) < stop_at:
+        while window.open():
+            began = time.perf_counter()
             await operation(number, i)
-            ended = time.perf_counter()
             i += 1
-            if ended > stop_at:
+            if not window.record(began, time.perf_counter()):
                 return
-            if began >= measure_from:
-                latencies.append(ended - began)
-            if ended >= measure_from:
-                completed += 1
 
     await asyncio.gather(*(worker(n) for n in range(workers)))
-    measurement = summarise(name, workers, seconds, latencies, completed)
+    measurement = window.measurement(name, workers)
     measurement.rpcs_per_cycle = 1
     return measurement
 

@@ -1,10 +1,11 @@
 """The goal lines of issue 15: each Switchboard figure against a peer or floor measured in
-the same run, its ratio, and MET / NOT MET. Pure functions of the figures, so the
-wording and the verdicts are tested on fixed inputs (tests/test_bench_peers.py).
+the same run, its ratio, and MET / NOT MET; and the targets set for this machine, judged
+the same way against fixed figures. Pure functions of the figures, so the wording and
+the verdicts are tested on fixed inputs (tests/test_bench_peers.py).
 
-A figure is a `Side`: a value (a rate per second, or a latency in ms) or the
+A figure is a `Side`: a value (a rate per second, or a latency in ms or s) or the
 reason there is none ("skipped (pip install -e '.[bench]')", "not measured
-(session-sqlite-full not selected)"). A goal with a missing side prints that
+(sessions not selected)"). A goal with a missing side prints that
 reason instead of a verdict; a Switchboard figure with errors is NOT MET.
 """
 
@@ -32,6 +33,8 @@ class Side:
             return f"{self.name}: {self.missing}"
         if self.unit == "ms":
             return f"{self.value:,.2f} ms"
+        if self.unit == "s":
+            return f"{self.value:,.3f} s"
         return f"{self.value:,.0f}{self.unit}"
 
 
@@ -80,6 +83,48 @@ GOALS = (
         at_least=False,
     ),
 )
+
+#: The absolute targets set for this machine (docs/performance.md, "The goals"): each
+#: figure against a fixed value, judged like the goals above.
+TARGETS = (
+    Goal(
+        "Delivery send path at 8 clients >= 1,500 cycles/s (SQLite FULL)",
+        "delivery-8-sqlite",
+        "target-delivery-8",
+        1.0,
+    ),
+    Goal(
+        "AppendEvents at 8 clients >= 2,500/s (SQLite FULL)", "appends-8", "target-appends-8", 1.0
+    ),
+    Goal(
+        "Load-for-next-turn at 1,000 events <= 3 ms (p50, SQLite FULL)",
+        "turn-1000",
+        "target-turn-1000",
+        1.0,
+        at_least=False,
+    ),
+    Goal(
+        "Global rewind of 100k events in 1,000 sessions < 2 s",
+        "rewind-100k",
+        "target-rewind-100k",
+        1.0,
+        at_least=False,
+    ),
+    Goal(
+        "Restart on a log of 1M events < 10 s",
+        "restart-1m",
+        "target-restart-1m",
+        1.0,
+        at_least=False,
+    ),
+)
+TARGET_SIDES = {
+    "target-delivery-8": Side("target", 1500.0),
+    "target-appends-8": Side("target", 2500.0),
+    "target-turn-1000": Side("target", 3.0, "ms"),
+    "target-rewind-100k": Side("target", 2.0, "s"),
+    "target-restart-1m": Side("target", 10.0, "s"),
+}
 
 
 @dataclass(frozen=True)
