@@ -121,7 +121,7 @@ def _command(name: str, rest: list[str]) -> list[str]:
         return ["-m", "pytest", *rest]
     # `serve` serves both services unless told which.
     which = [] if rest and rest[0] in SERVED else ["all"]
-    return ["-m", "switchboard", "serve", *which, *rest]
+    return ["-m", "switchboard_cli", "serve", *which, *rest]
 
 
 def main() -> None:

@@ -1,10 +1,10 @@
 """Server processes and databases for the benchmark: start, watch, always stop.
 
 The DeliveryService and the SessionService run exactly as an operator runs
-them (`python -m switchboard serve delivery|session`), each in its own
+them (`python -m switchboard_cli serve delivery|session`), each in its own
 process; nothing here touches the server's code.
 Profiling wraps that process from outside (py-spy attached to its pid, or the
-stdlib profiler as `python -m cProfile -o FILE -m switchboard …`).
+stdlib profiler as `python -m cProfile -o FILE -m switchboard_cli …`).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class ServerProcess:
         return [
             *python,
             "-m",
-            "switchboard",
+            "switchboard_cli",
             "serve",
             self.service,
             f"--{self.service}-listen",

@@ -1,7 +1,7 @@
 """The SessionService benchmark: appends and next-turn loads over gRPC, against a peewee floor.
 
 For each configuration (SQLite synchronous=FULL, SQLite NORMAL, Postgres) a
-fresh `python -m switchboard serve session` process is started on 127.0.0.1
+fresh `python -m switchboard_cli serve session` process is started on 127.0.0.1
 and loaded by a separate process (`bench.session_load`):
 
 - AppendEvents, one 100-byte USER message per call, durable, with 1 client,

@@ -139,7 +139,7 @@ def restart_seconds(url: str, data_dir: Path, repeat: int = RESTARTS) -> float:
 def _restart_once(url: str, data_dir: Path) -> float:
     started = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "switchboard", "serve", "session", "--session-listen",
+        [sys.executable, "-m", "switchboard_cli", "serve", "session", "--session-listen",
          "127.0.0.1:0", "--session-database-url", url, "--data-dir", str(data_dir)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

@@ -277,7 +277,7 @@ class ServerProcess:
             [
                 sys.executable,
                 "-m",
-                "switchboard",
+                "switchboard_cli",
                 "serve",
                 self.service,
                 f"--{self.service}-listen",

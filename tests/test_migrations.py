@@ -396,7 +396,7 @@ def test_no_migrate_refuses_a_schema_that_is_behind(backend: Backend, database_u
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "switchboard", "--log-format", "text", *args],
+        [sys.executable, "-m", "switchboard_cli", "--log-format", "text", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from switchboard_client import DeliveryClient, SessionClient
 
 from switchboard.auth import parse_tokens
-from switchboard.cli import main
+from switchboard_cli.main import main
 from tests.harness import EventLoopThread, delivery_server, session_server
 
 GRANTS = parse_tokens("root=admin")

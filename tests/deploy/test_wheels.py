@@ -138,7 +138,7 @@ def test_client_only_install_imports_the_client_and_nothing_of_the_server(
     assert {name: path for name, path in origins.items() if not path.startswith(site)} == {}
     absent = (
         "import importlib.util as u, json\n"
-        "names = ['session_service', 'delivery_service', 'switchboard.cli', 'peewee',"
+        "names = ['session_service', 'delivery_service', 'switchboard_cli', 'peewee',"
         " 'psycopg2', 'grpc_tools', 'click']\n"
         "print(json.dumps([n for n in names if u.find_spec(n) is not None]))"
     )

@@ -14,7 +14,7 @@ import click
 import peewee
 from prometheus_client import CollectorRegistry
 
-from switchboard import migrations, operators, secret_checks
+from switchboard import migrations, secret_checks
 from switchboard.auth import check_secret, check_sendable, parse_tokens
 from switchboard.database import Backend, DatabaseSettings, StartupRefused
 from switchboard.observability import (
@@ -26,6 +26,7 @@ from switchboard.observability import (
     serve_metrics,
 )
 from switchboard.server import GrpcApp, ServerSettings, serve_until_signalled
+from switchboard_cli import operators
 
 DEFAULT_SESSION_LISTEN = "127.0.0.1:50051"
 DEFAULT_DELIVERY_LISTEN = "127.0.0.1:50052"
