@@ -1,0 +1,143 @@
+"""`switchboard db status|migrate`: the services' schema versions, and migrating them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+import peewee
+
+from delivery_service.migrations import DELIVERY_SCHEMA
+from session_service.migrations import SESSION_SCHEMA
+from switchboard import migrations
+from switchboard.database import Backend, DatabaseSettings, open_backend
+from switchboard_cli.databases import real_database_password, redacted
+
+
+@click.group()
+def db() -> None:
+    """Inspect and migrate the services' database schemas."""
+
+
+def _schema_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The database options of `serve`, for the schema commands."""
+    for option in reversed(
+        [
+            click.argument(
+                "which",
+                type=click.Choice(["all", "session", "delivery"]),
+                default="all",
+                required=False,
+            ),
+            click.option(
+                "--data-dir",
+                default="var",
+                envvar="SWITCHBOARD_DATA_DIR",
+                show_default=True,
+                type=click.Path(file_okay=False, path_type=Path),
+                help="Where SQLite files live when no database URL is given.",
+            ),
+            click.option(
+                "--session-database-url",
+                default=None,
+                envvar="SWITCHBOARD_SESSION_DATABASE_URL",
+                help="[default: sqlite:///DATA_DIR/session.sqlite3]",
+                callback=real_database_password,
+            ),
+            click.option(
+                "--delivery-database-url",
+                default=None,
+                envvar="SWITCHBOARD_DELIVERY_DATABASE_URL",
+                help="[default: sqlite:///DATA_DIR/delivery.sqlite3]",
+                callback=real_database_password,
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+def _schemas(
+    which: str, data_dir: Path, session_url: str | None, delivery_url: str | None
+) -> list[tuple[migrations.Component, str]]:
+    chosen = []
+    if which in ("all", "session"):
+        url = session_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"
+        chosen.append((SESSION_SCHEMA, url))
+    if which in ("all", "delivery"):
+        url = delivery_url or f"sqlite:///{(data_dir / 'delivery.sqlite3').resolve()}"
+        chosen.append((DELIVERY_SCHEMA, url))
+    return chosen
+
+
+@contextmanager
+def _schema_backend(url: str) -> Iterator[Backend]:
+    """The database of one component for `db status|migrate`, closed after; a refused
+    schema or an unreachable database ends the command with one line, no traceback."""
+    backend = open_backend(DatabaseSettings(url=url))
+    try:
+        yield backend
+    except migrations.SchemaError as refused:
+        raise click.ClickException(str(refused)) from refused
+    except peewee.OperationalError as unreachable:
+        raise click.ClickException(f"{redacted(url)}: {unreachable}") from unreachable
+    finally:
+        backend.database.close()
+
+
+@db.command(name="status")
+@_schema_options
+def status_command(
+    which: str, data_dir: Path, session_database_url: str | None, delivery_database_url: str | None
+) -> None:
+    """Per component: the database's schema version, this code's, and what is pending."""
+    for component, url in _schemas(which, data_dir, session_database_url, delivery_database_url):
+        path = Path(url.removeprefix("sqlite:///"))
+        if url.startswith("sqlite:///") and not path.exists():  # reading must not create it
+            click.echo(f"{component.name}: no database file at {path} (`db migrate` creates it)")
+            continue
+        with _schema_backend(url) as backend:
+            found = migrations.status(backend, component)
+        verdict = (
+            "up to date"
+            if found.database_version == found.code_version
+            else f"{len(found.pending)} pending"
+            if found.database_version < found.code_version
+            else "NEWER than this code: run the release that migrated it"
+        )
+        click.echo(f"{component.name} ({redacted(url)}): {verdict}")
+        unversioned = " (tables of a release before versioning: adopted on migrate)"
+        click.echo(
+            f"  database version: {found.database_version}"
+            + (unversioned if found.unversioned else "")
+        )
+        click.echo(f"  code version:     {found.code_version}")
+        for row in found.history:
+            when = datetime.fromtimestamp(row.applied_at, UTC).isoformat(timespec="seconds")
+            click.echo(f"  {row.action} {row.version} {row.name} at {when} by {row.applied_by}")
+        for title in found.pending:
+            click.echo(f"  pending {title}")
+
+
+@db.command(name="migrate")
+@_schema_options
+def migrate_command(
+    which: str, data_dir: Path, session_database_url: str | None, delivery_database_url: str | None
+) -> None:
+    """Apply the pending migrations (what `serve` does at start unless --no-migrate)."""
+    for component, url in _schemas(which, data_dir, session_database_url, delivery_database_url):
+        with _schema_backend(url) as backend:
+            report = migrations.migrate(backend, component)
+        if not report.applied:
+            click.echo(f"{component.name}: already at version {report.to_version}")
+            continue
+        how = " (adopted a database from before versioning)" if report.adopted else ""
+        click.echo(
+            f"{component.name}: migrated from version {report.from_version} "
+            f"to {report.to_version}{how}"
+        )
+        for title in report.applied:
+            click.echo(f"  applied {title}")

@@ -1,0 +1,388 @@
+"""`switchboard session ...`: look into agents and sessions, move the log, rebuild projections."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import islice
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from google.protobuf.json_format import MessageToJson
+from rich.progress import Progress
+from switchboard_client import SessionClient
+
+from session_service import recovery
+from session_service.core import Core, SessionLimits
+from session_service.log_store import LogStore
+from session_service.migrations import SESSION_SCHEMA
+from switchboard import migrations
+from switchboard.database import DatabaseSettings, open_backend
+from switchboard.runner import TransactionRunner
+from switchboard.session.v1 import session_service_pb2 as pb
+from switchboard_cli.databases import real_database_password, refuse_missing_sqlite
+from switchboard_cli.errors import reported
+from switchboard_cli.options import session_address_option, token_option
+from switchboard_cli.output import clipped, table
+
+T = TypeVar("T")
+
+
+@click.group()
+def session() -> None:
+    """Operate on the SessionService's storage."""
+
+
+@session.command()
+@click.option(
+    "--database-url",
+    envvar="SWITCHBOARD_SESSION_DATABASE_URL",
+    default=None,
+    help="[default: sqlite:///DATA_DIR/session.sqlite3]",
+    callback=real_database_password,
+)
+@click.option(
+    "--data-dir",
+    default="var",
+    envvar="SWITCHBOARD_DATA_DIR",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+)
+def rebuild(database_url: str | None, data_dir: Path) -> None:
+    """Replay the whole log into fresh projections and report what differed."""
+    settings = DatabaseSettings(
+        url=database_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"
+    )
+    refuse_missing_sqlite(settings.url, "--database-url or --data-dir")
+    backend = open_backend(settings)
+    try:
+        migrations.prepare(backend, SESSION_SCHEMA)
+    except migrations.SchemaError as refused:
+        raise click.ClickException(str(refused)) from refused
+    store = LogStore(backend)
+    runner = TransactionRunner(backend, settings, begin_write=store.lock_log)
+    try:
+        with Progress() as bar:
+            task = bar.add_task("replaying the log", total=None)
+            report = recovery.rebuild(
+                Core(runner, store, SessionLimits()),
+                lambda done, total: bar.update(task, completed=done, total=total),
+            )
+    finally:
+        runner.close()
+    click.echo(f"replayed {report.events} events")
+    for name, count in report.differences.items():
+        click.echo(f"  {name}: {count} row(s) differed" if count else f"  {name}: identical")
+    if report.differed:
+        click.echo("projections were repaired from the log")
+
+
+def _with_sessions(address: str, token: str | None, use: Callable[[Any], T]) -> T:
+    with reported(), SessionClient(address, token=token) as client:
+        return use(client)
+
+
+_yes = click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+
+
+_empty_log = click.option(
+    "--empty-log",
+    is_flag=True,
+    help="Mean sequence 0, the empty log (every agent and session abandoned); "
+    "needed with 0, refused with any other target.",
+)
+
+
+def _checked_empty_log(target: int | str, empty_log: bool) -> None:
+    """Sequence 0 empties the whole deployment: an operator says so with --empty-log
+    (a 0 from a script's unset variable must not do it)."""
+    if target == 0 and not empty_log:
+        raise click.UsageError(
+            "sequence 0 is the empty log (every agent and session abandoned): "
+            "add --empty-log if that is what you mean"
+        )
+    if empty_log and target != 0:
+        raise click.UsageError("--empty-log goes with sequence 0 only")
+
+
+def _confirmed_move(
+    address: str, token: str | None, preview: Callable[[Any], Any], yes: bool
+) -> bool:
+    """Shows a rewind's or checkout's preview; True when it should go ahead."""
+    answer = _with_sessions(address, token, preview)
+    if answer.unchanged:
+        click.echo(f"the log is already at {answer.to_sequence}: nothing would change")
+        return False
+    summary = answer.summary
+    table(
+        f"moving to {answer.to_sequence}",
+        ["agent", "session", "abandoned", "restored"],
+        [
+            [e.agent, e.session_id or "(agent)", e.abandoned_count, e.restored_count]
+            for e in summary.effects
+        ],
+    )
+    more = (
+        f" ({summary.changed_count - len(summary.effects)} more not listed)"
+        if summary.truncated
+        else ""
+    )
+    click.echo(
+        f"{summary.abandoned_count} event(s) abandoned, {summary.restored_count} restored, "
+        f"over {summary.changed_count} agent(s)/session(s){more}"
+    )
+    return yes or click.confirm("Go ahead?", default=False)
+
+
+def _role(value: int) -> str:
+    return pb.Role.Name(value).removeprefix("ROLE_").lower()  # type: ignore[arg-type]
+
+
+@session.command("agents")
+@session_address_option
+@token_option
+def agents(address: str, token: str | None) -> None:
+    """List agents."""
+    rows = _with_sessions(address, token, lambda c: list(c.list_agents()))
+    table(
+        "agents",
+        ["name", "version", "peers", "rules", "archived"],
+        [[a.name, a.version, ",".join(a.peers), len(a.permissions), a.archived] for a in rows],
+    )
+
+
+@session.command("agent")
+@click.argument("name")
+@session_address_option
+@token_option
+def agent(name: str, address: str, token: str | None) -> None:
+    """Show one agent: memory, permissions, peers, settings."""
+    shown = _with_sessions(address, token, lambda c: c.get_agent(name))
+    click.echo(MessageToJson(shown))
+
+
+@session.command("show")
+@click.argument("agent")
+@click.argument("session_id")
+@session_address_option
+@token_option
+def show(agent: str, session_id: str, address: str, token: str | None) -> None:
+    """Show one session's state (inbox, outbox, task, temp state)."""
+    state = _with_sessions(address, token, lambda c: c.state(agent, session_id))
+    click.echo(MessageToJson(state.state))
+
+
+@session.command("sessions")
+@click.argument("agent")
+@session_address_option
+@token_option
+def sessions(agent: str, address: str, token: str | None) -> None:
+    """List an agent's sessions, newest first."""
+    rows = _with_sessions(address, token, lambda c: list(c.list_sessions(agent)))
+    table(
+        f"sessions of {agent}",
+        ["session", "routing key", "status", "version", "messages", "ended because"],
+        [
+            [s.session_id, s.routing_key, "open" if s.status == 1 else "ended", s.version,
+             s.message_count, s.end_reason]
+            for s in rows
+        ],
+    )  # fmt: skip
+
+
+@session.command("checkpoint")
+@click.argument("label")
+@session_address_option
+@token_option
+def checkpoint(label: str, address: str, token: str | None) -> None:
+    """Name the current head of the log."""
+    made = _with_sessions(address, token, lambda c: c.create_checkpoint(label))
+    click.echo(f"checkpoint {made.label} at sequence {made.sequence}")
+
+
+@session.command("checkpoints")
+@session_address_option
+@token_option
+def checkpoints(address: str, token: str | None) -> None:
+    """List checkpoints."""
+    rows = _with_sessions(address, token, lambda c: c.list_checkpoints())
+    table("checkpoints", ["label", "sequence"], [[c.label, c.sequence] for c in rows])
+
+
+@session.command("log")
+@click.option("--after", type=click.IntRange(min=0), default=0, help="After this sequence.")
+@click.option("--before", type=click.IntRange(min=0), default=0, help="Before this sequence.")
+@click.option("--agent", default="", help="Only this agent's events.")
+@click.option("--session-id", default="", help="Only this session's events.")
+@click.option("--type", "event_types", multiple=True, help="e.g. message_appended (repeatable).")
+@click.option(
+    "--branch",
+    type=click.Choice(["any", "active", "abandoned"]),
+    default="any",
+    show_default=True,
+)
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+@session_address_option
+@token_option
+def log(
+    after: int,
+    before: int,
+    agent: str,
+    session_id: str,
+    event_types: tuple[str, ...],
+    branch: str,
+    limit: int,
+    as_json: bool,
+    address: str,
+    token: str | None,
+) -> None:
+    """Read the global log in sequence order, filtered (admin token)."""
+
+    def read(client: Any) -> list[Any]:
+        entries = client.list_log_events(
+            after=after,
+            before=before,
+            agent=agent,
+            session_id=session_id,
+            event_types=event_types,
+            branch=pb.LogBranch.Value(f"LOG_BRANCH_{branch.upper()}")
+            if branch != "any"
+            else pb.LOG_BRANCH_UNSPECIFIED,
+            page_size=min(limit, 1000),
+        )
+        return list(islice(entries, limit))
+
+    entries = _with_sessions(address, token, read)
+    if as_json:
+        for entry in entries:
+            click.echo(MessageToJson(entry, indent=None))
+        return
+    table(
+        "log",
+        ["sequence", "agent", "session", "type", "abandoned"],
+        [
+            [e.event.sequence, e.event.agent, e.event.session_id,
+             e.event.WhichOneof("body"), "yes" if e.abandoned else ""]
+            for e in entries
+        ],
+    )  # fmt: skip
+
+
+@session.command("history")
+@click.argument("agent")
+@click.argument("session_id")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1, max=1000),
+    default=50,
+    show_default=True,
+    help="Messages per page.",
+)
+@click.option("--oldest", is_flag=True, help="Start from the first message, not the newest.")
+@click.option("--page-token", default="", help="The token a previous page printed.")
+@click.option("--all", "every_page", is_flag=True, help="Print every page, not one.")
+@click.option("--abandoned", is_flag=True, help="Also messages a rewind abandoned.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON message per line.")
+@session_address_option
+@token_option
+def history(
+    agent: str,
+    session_id: str,
+    limit: int,
+    oldest: bool,
+    page_token: str,
+    every_page: bool,
+    abandoned: bool,
+    as_json: bool,
+    address: str,
+    token: str | None,
+) -> None:
+    """A session's messages, a page at a time (the newest page first, unless
+    --oldest); each page is printed oldest message first."""
+
+    def read(client: Any) -> tuple[list[Any], str]:
+        messages: list[Any] = []
+        cursor = page_token
+        while True:
+            page = client.history_page(
+                agent, session_id, limit=limit, newest=not oldest,
+                include_abandoned=abandoned, page_token=cursor,
+            )  # fmt: skip
+            # Newest first: an older page goes before the ones already read.
+            messages = [*page.messages, *messages] if not oldest else [*messages, *page.messages]
+            cursor = page.next_page_token
+            if not every_page or not cursor:
+                return messages, cursor
+
+    messages, more = _with_sessions(address, token, read)
+    if as_json:
+        for queued in messages:
+            click.echo(MessageToJson(queued, indent=None))
+    else:
+        table(
+            f"history of {agent}/{session_id}",
+            ["sequence", "role", "sender", "content", "abandoned"],
+            [
+                [m.sequence, _role(m.message.role), m.message.sender,
+                 clipped(m.message.content), "yes" if m.abandoned else ""]
+                for m in messages
+            ],
+        )  # fmt: skip
+    if more:
+        which = "newer" if oldest else "older"
+        flags = " --oldest" if oldest else ""
+        click.echo(
+            f"{which} messages: switchboard session history {agent} {session_id}"
+            f"{flags} --limit {limit} --page-token {more}",
+            err=as_json,
+        )
+
+
+@session.command("rewind")
+@click.argument("target")
+@_empty_log
+@_yes
+@session_address_option
+@token_option
+def rewind(target: str, empty_log: bool, yes: bool, address: str, token: str | None) -> None:
+    """Move every agent and session back to a sequence or a checkpoint label.
+
+    Shows what it would abandon first and asks before doing it."""
+    to: int | str = int(target) if target.isdigit() else target
+    _checked_empty_log(to, empty_log)
+
+    def preview(client: Any) -> Any:
+        return client.preview_rewind(to, empty_log=empty_log)
+
+    if not _confirmed_move(address, token, preview, yes):
+        return
+    record = _with_sessions(address, token, lambda c: c.rewind(to, empty_log=empty_log))
+    if not record.sequence:
+        click.echo("nothing to abandon: nothing written")
+        return
+    click.echo(f"rewound to {record.rewound.to_sequence} (record {record.sequence})")
+
+
+@session.command("checkout")
+@click.argument("sequence", type=click.IntRange(min=0))
+@_empty_log
+@_yes
+@session_address_option
+@token_option
+def checkout(sequence: int, empty_log: bool, yes: bool, address: str, token: str | None) -> None:
+    """Move to any sequence, abandoned branches included (undoes a rewind).
+
+    Shows what it would abandon and restore first and asks before doing it."""
+    _checked_empty_log(sequence, empty_log)
+
+    def preview(client: Any) -> Any:
+        return client.preview_checkout(sequence, empty_log=empty_log)
+
+    if not _confirmed_move(address, token, preview, yes):
+        return
+    record = _with_sessions(address, token, lambda c: c.checkout(sequence, empty_log=empty_log))
+    if not record.sequence:
+        click.echo("nothing to change: nothing written")
+        return
+    click.echo(f"checked out {record.rewound.to_sequence} (record {record.sequence})")
