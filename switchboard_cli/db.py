@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from pathlib import Path
 
 import click
 import peewee
@@ -14,7 +13,16 @@ from delivery_service.migrations import DELIVERY_SCHEMA
 from session_service.migrations import SESSION_SCHEMA
 from switchboard import migrations
 from switchboard.database import Backend, DatabaseSettings, open_backend
-from switchboard_cli.databases import real_database_password, redacted
+from switchboard_cli.databases import (
+    DataDir,
+    Location,
+    absence,
+    data_dir_option,
+    database_url_option,
+    is_absent,
+    locate,
+    redacted,
+)
 
 
 @click.group()
@@ -24,52 +32,22 @@ def db() -> None:
 
 def _schema_options(command: Callable[..., None]) -> Callable[..., None]:
     """The database options of `serve`, for the schema commands."""
-    for option in reversed(
-        [
-            click.argument(
-                "which",
-                type=click.Choice(["all", "session", "delivery"]),
-                default="all",
-                required=False,
-            ),
-            click.option(
-                "--data-dir",
-                default="var",
-                envvar="SWITCHBOARD_DATA_DIR",
-                show_default=True,
-                type=click.Path(file_okay=False, path_type=Path),
-                help="Where SQLite files live when no database URL is given.",
-            ),
-            click.option(
-                "--session-database-url",
-                default=None,
-                envvar="SWITCHBOARD_SESSION_DATABASE_URL",
-                help="[default: sqlite:///DATA_DIR/session.sqlite3]",
-                callback=real_database_password,
-            ),
-            click.option(
-                "--delivery-database-url",
-                default=None,
-                envvar="SWITCHBOARD_DELIVERY_DATABASE_URL",
-                help="[default: sqlite:///DATA_DIR/delivery.sqlite3]",
-                callback=real_database_password,
-            ),
-        ]
-    ):
-        command = option(command)
-    return command
+    command = database_url_option("delivery")(command)
+    command = database_url_option("session")(command)
+    command = data_dir_option(command)
+    return click.argument(
+        "which", type=click.Choice(["all", "session", "delivery"]), default="all", required=False
+    )(command)
 
 
 def _schemas(
-    which: str, data_dir: Path, session_url: str | None, delivery_url: str | None
-) -> list[tuple[migrations.Component, str]]:
+    which: str, data_dir: DataDir | None, session_url: str | None, delivery_url: str | None
+) -> list[tuple[migrations.Component, Location]]:
     chosen = []
     if which in ("all", "session"):
-        url = session_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"
-        chosen.append((SESSION_SCHEMA, url))
+        chosen.append((SESSION_SCHEMA, locate("session", session_url, data_dir)))
     if which in ("all", "delivery"):
-        url = delivery_url or f"sqlite:///{(data_dir / 'delivery.sqlite3').resolve()}"
-        chosen.append((DELIVERY_SCHEMA, url))
+        chosen.append((DELIVERY_SCHEMA, locate("delivery", delivery_url, data_dir)))
     return chosen
 
 
@@ -91,45 +69,59 @@ def _schema_backend(url: str) -> Iterator[Backend]:
 @db.command(name="status")
 @_schema_options
 def status_command(
-    which: str, data_dir: Path, session_database_url: str | None, delivery_database_url: str | None
+    which: str,
+    data_dir: DataDir | None,
+    session_database_url: str | None,
+    delivery_database_url: str | None,
 ) -> None:
-    """Per component: the database's schema version, this code's, and what is pending."""
-    for component, url in _schemas(which, data_dir, session_database_url, delivery_database_url):
-        path = Path(url.removeprefix("sqlite:///"))
-        if url.startswith("sqlite:///") and not path.exists():  # reading must not create it
-            click.echo(f"{component.name}: no database file at {path} (`db migrate` creates it)")
-            continue
-        with _schema_backend(url) as backend:
-            found = migrations.status(backend, component)
-        verdict = (
-            "up to date"
-            if found.database_version == found.code_version
-            else f"{len(found.pending)} pending"
-            if found.database_version < found.code_version
-            else "NEWER than this code: run the release that migrated it"
-        )
-        click.echo(f"{component.name} ({redacted(url)}): {verdict}")
-        unversioned = " (tables of a release before versioning: adopted on migrate)"
-        click.echo(
-            f"  database version: {found.database_version}"
-            + (unversioned if found.unversioned else "")
-        )
-        click.echo(f"  code version:     {found.code_version}")
-        for row in found.history:
-            when = datetime.fromtimestamp(row.applied_at, UTC).isoformat(timespec="seconds")
-            click.echo(f"  {row.action} {row.version} {row.name} at {when} by {row.applied_by}")
-        for title in found.pending:
-            click.echo(f"  pending {title}")
+    """Per component: the database's schema version, this code's, and what is pending.
+
+    A database file that is not there is an error (after the others are shown)."""
+    chosen = _schemas(which, data_dir, session_database_url, delivery_database_url)
+    missing = [location for _, location in chosen if is_absent(location)]
+    for component, location in chosen:
+        if location not in missing:  # reading a missing file would make it
+            with _schema_backend(location.url) as backend:
+                _print_status(component, location.url, migrations.status(backend, component))
+    if missing:
+        raise click.ClickException(absence(missing))
+
+
+def _print_status(
+    component: migrations.Component, url: str, found: migrations.SchemaStatus
+) -> None:
+    verdict = (
+        "up to date"
+        if found.database_version == found.code_version
+        else f"{len(found.pending)} pending"
+        if found.database_version < found.code_version
+        else "NEWER than this code: run the release that migrated it"
+    )
+    click.echo(f"{component.name} ({redacted(url)}): {verdict}")
+    unversioned = " (tables of a release before versioning: adopted on migrate)"
+    click.echo(
+        f"  database version: {found.database_version}" + (unversioned if found.unversioned else "")
+    )
+    click.echo(f"  code version:     {found.code_version}")
+    for row in found.history:
+        when = datetime.fromtimestamp(row.applied_at, UTC).isoformat(timespec="seconds")
+        click.echo(f"  {row.action} {row.version} {row.name} at {when} by {row.applied_by}")
+    for title in found.pending:
+        click.echo(f"  pending {title}")
 
 
 @db.command(name="migrate")
 @_schema_options
 def migrate_command(
-    which: str, data_dir: Path, session_database_url: str | None, delivery_database_url: str | None
+    which: str,
+    data_dir: DataDir | None,
+    session_database_url: str | None,
+    delivery_database_url: str | None,
 ) -> None:
     """Apply the pending migrations (what `serve` does at start unless --no-migrate)."""
-    for component, url in _schemas(which, data_dir, session_database_url, delivery_database_url):
-        with _schema_backend(url) as backend:
+    chosen = _schemas(which, data_dir, session_database_url, delivery_database_url)
+    for component, location in chosen:
+        with _schema_backend(location.url) as backend:
             report = migrations.migrate(backend, component)
         if not report.applied:
             click.echo(f"{component.name}: already at version {report.to_version}")

@@ -25,7 +25,14 @@ from switchboard.observability import (
     serve_metrics,
 )
 from switchboard.server import GrpcApp, ServerSettings, serve_until_signalled
-from switchboard_cli.databases import real_database_password, redacted
+from switchboard_cli.databases import (
+    DataDir,
+    Service,
+    data_dir_option,
+    database_url_option,
+    locate,
+    redacted,
+)
 from switchboard_cli.options import (
     DEFAULT_DELIVERY_LISTEN,
     DEFAULT_SESSION_LISTEN,
@@ -62,14 +69,7 @@ def _from_environment_only(
 @click.argument(
     "which", type=click.Choice(["all", "session", "delivery"]), default="all", required=False
 )
-@click.option(
-    "--data-dir",
-    default="var",
-    envvar="SWITCHBOARD_DATA_DIR",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Where SQLite files live when no database URL is given.",
-)
+@data_dir_option
 @click.option(
     "--session-listen",
     default=DEFAULT_SESSION_LISTEN,
@@ -77,14 +77,7 @@ def _from_environment_only(
     show_default=True,
     help="host:port for the SessionService (port 0 picks a free one).",
 )
-@click.option(
-    "--session-database-url",
-    default=None,
-    envvar="SWITCHBOARD_SESSION_DATABASE_URL",
-    help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
-    "[default: sqlite:///DATA_DIR/session.sqlite3]",
-    callback=real_database_password,
-)
+@database_url_option("session")
 @click.option(
     "--snapshot-every",
     default=100,
@@ -99,14 +92,7 @@ def _from_environment_only(
     show_default=True,
     help="host:port for the DeliveryService (port 0 picks a free one).",
 )
-@click.option(
-    "--delivery-database-url",
-    default=None,
-    envvar="SWITCHBOARD_DELIVERY_DATABASE_URL",
-    help="sqlite:///PATH or postgresql://USER@HOST:PORT/DB "
-    "[default: sqlite:///DATA_DIR/delivery.sqlite3]",
-    callback=real_database_password,
-)
+@database_url_option("delivery")
 @click.option(
     "--sqlite-synchronous",
     default="FULL",
@@ -347,7 +333,7 @@ def _from_environment_only(
 )
 def serve(
     which: str,
-    data_dir: Path,
+    data_dir: DataDir | None,
     session_listen: str,
     session_database_url: str | None,
     snapshot_every: int,
@@ -392,9 +378,9 @@ def serve(
         raise click.UsageError("--console-listen needs both services: `serve all`")
     relog(click.get_current_context(), log_level, log_format)
 
-    def database(url: str | None, file_name: str) -> DatabaseSettings:
+    def database(service: Service) -> DatabaseSettings:
         return DatabaseSettings(
-            url=url or f"sqlite:///{(data_dir / file_name).resolve()}",
+            url=database_urls[service],
             sqlite_synchronous=sqlite_synchronous,  # type: ignore[arg-type]
             pool_size=db_pool_size,
             writer_threads=db_writer_threads,
@@ -419,6 +405,16 @@ def serve(
         ) from exc
     if (tls_cert is None) != (tls_key is None) or (tls_client_ca and not tls_cert):
         raise click.UsageError("TLS needs --tls-cert and --tls-key (and then --tls-client-ca)")
+    # Both databases are named before either is opened.
+    given: dict[Service, str | None] = {
+        "session": session_database_url,
+        "delivery": delivery_database_url,
+    }
+    database_urls = {
+        service: locate(service, url, data_dir).url
+        for service, url in given.items()
+        if which in ("all", service)
+    }
     registry = CollectorRegistry()
     metrics = RpcMetrics(registry) if metrics_listen else None
 
@@ -444,7 +440,7 @@ def serve(
     migrate = not no_migrate
     try:
         if which in ("all", "session"):
-            settings = database(session_database_url, "session.sqlite3")
+            settings = database("session")
             limits = SessionLimits(
                 snapshot_every=snapshot_every,
                 request_id_window_s=request_id_window,
@@ -458,7 +454,7 @@ def serve(
             )
             urls[id(apps[-1])] = redacted(settings.url)
         if which in ("all", "delivery"):
-            settings = database(delivery_database_url, "delivery.sqlite3")
+            settings = database("delivery")
             ledger_limits = LedgerLimits(
                 max_attempts=max_attempts,
                 stale_after_s=stale_after,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from itertools import islice
-from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -20,7 +19,13 @@ from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2 as pb
-from switchboard_cli.databases import real_database_password, refuse_missing_sqlite
+from switchboard_cli.databases import (
+    DataDir,
+    data_dir_option,
+    database_url_option,
+    locate,
+    require_existing,
+)
 from switchboard_cli.errors import reported
 from switchboard_cli.options import session_address_option, token_option
 from switchboard_cli.output import clipped, table
@@ -34,26 +39,13 @@ def session() -> None:
 
 
 @session.command()
-@click.option(
-    "--database-url",
-    envvar="SWITCHBOARD_SESSION_DATABASE_URL",
-    default=None,
-    help="[default: sqlite:///DATA_DIR/session.sqlite3]",
-    callback=real_database_password,
-)
-@click.option(
-    "--data-dir",
-    default="var",
-    envvar="SWITCHBOARD_DATA_DIR",
-    show_default=True,
-    type=click.Path(file_okay=False, path_type=Path),
-)
-def rebuild(database_url: str | None, data_dir: Path) -> None:
+@database_url_option("session", "--database-url")
+@data_dir_option
+def rebuild(database_url: str | None, data_dir: DataDir | None) -> None:
     """Replay the whole log into fresh projections and report what differed."""
-    settings = DatabaseSettings(
-        url=database_url or f"sqlite:///{(data_dir / 'session.sqlite3').resolve()}"
-    )
-    refuse_missing_sqlite(settings.url, "--database-url or --data-dir")
+    location = locate("session", database_url, data_dir, url_flag="--database-url")
+    require_existing(location, url_flag="--database-url")
+    settings = DatabaseSettings(url=location.url)
     backend = open_backend(settings)
     try:
         migrations.prepare(backend, SESSION_SCHEMA)

@@ -167,7 +167,7 @@ def test_rebuild_refuses_a_missing_database(tmp_path: Path) -> None:
     missing = tmp_path / "elsewhere"
     result = CliRunner().invoke(main, ["session", "rebuild", "--data-dir", str(missing)])
     assert result.exit_code != 0
-    assert f"no database file at {missing / 'session.sqlite3'}" in result.output
+    assert f"no session database at {missing / 'session.sqlite3'}" in result.output
     assert not missing.exists(), "nothing was created"
 
 
