@@ -11,40 +11,26 @@ from switchboard_client import DeliveryClient, SessionClient, SwitchboardError
 from switchboard_client.gateway import Gateway
 from switchboard_client.transports import ReplPlatform, run_repl
 
-from switchboard.observability import (
-    configure_logging,
-)
-from switchboard_cli.agent import create_missing_agent
-from switchboard_cli.errors import chat_failure
-from switchboard_cli.options import (
-    DEFAULT_DELIVERY_LISTEN,
-    DEFAULT_SESSION_LISTEN,
-    no_placeholder_token,
-)
+from switchboard.observability import configure_logging
+from switchboard_cli.agent import ensure_agent
+from switchboard_cli.errors import DELIVERY, SESSION, explain
+from switchboard_cli.options import address_option, token_option_saying
 from switchboard_cli.replies import echo_agent, load_callback
 
 
 @click.command()
-@click.option("--agent", required=True, help="The agent to talk to (created if missing).")
+@click.option("--agent", required=True, help="The agent to talk to.")
 @click.option(
-    "--session-address",
-    default=DEFAULT_SESSION_LISTEN,
-    envvar="SWITCHBOARD_SESSION_ADDRESS",
-    show_default=True,
+    "--create",
+    is_flag=True,
+    help="Create --agent when it does not exist (an admin token); on a terminal chat "
+    "asks instead, elsewhere a missing agent is an error without this flag.",
 )
-@click.option(
-    "--delivery-address",
-    default=DEFAULT_DELIVERY_LISTEN,
-    envvar="SWITCHBOARD_DELIVERY_ADDRESS",
-    show_default=True,
-)
-@click.option(
-    "--token",
-    default=None,
-    envvar="SWITCHBOARD_TOKEN",
-    callback=no_placeholder_token,
-    help="Bearer token for both services (when they run with --auth-tokens): admin, or "
-    "one whose agents include --agent (it cannot create a missing agent).",
+@address_option(SESSION, "session_address", "--session-address")
+@address_option(DELIVERY, "delivery_address", "--delivery-address")
+@token_option_saying(
+    "Bearer token for both services (when they run with --auth-tokens): admin, or "
+    "one whose agents include --agent (it cannot create a missing agent)."
 )
 @click.option("--conversation", default="default", show_default=True, help="REPL conversation id.")
 @click.option(
@@ -55,6 +41,7 @@ from switchboard_cli.replies import echo_agent, load_callback
 )
 def chat(
     agent: str,
+    create: bool,
     session_address: str,
     delivery_address: str,
     token: str | None,
@@ -67,15 +54,12 @@ def chat(
         # A person's terminal: the client's warnings as short text lines, no INFO.
         configure_logging("WARNING", json_format=False)
     reply = load_callback(callback) if callback else echo_agent
-    try:
-        _chat(agent, session_address, delivery_address, token, conversation, reply)
-    except SwitchboardError as error:
-        shown = chat_failure(error, session_address, delivery_address)
-        raise click.ClickException(shown) from None
+    _chat(agent, create, session_address, delivery_address, token, conversation, reply)
 
 
 def _chat(
     agent: str,
+    create: bool,
     session_address: str,
     delivery_address: str,
     token: str | None,
@@ -86,24 +70,21 @@ def _chat(
         SessionClient(session_address, token=token) as sessions,
         DeliveryClient(delivery_address, token=token) as ledger,
     ):
-        try:
-            sessions.get_agent(agent)
-        except SwitchboardError as missing:
-            if missing.code.name != "NOT_FOUND":
-                raise
-            create_missing_agent(sessions, agent)
+        interactive = sys.stdin.isatty()
+        ensure_agent(sessions, agent, create=create, ask=interactive, create_flag="--create")
         gateway = Gateway("repl", agent, sessions, ledger, [ReplPlatform(sys.stdout)], reply)
         gateway.start()
-        interactive = sys.stdin.isatty()
         click.echo(
             f"switchboard chat: agent {agent!r}, conversation {conversation!r} "
             f"(sessions {session_address}, delivery {delivery_address})"
         )
         click.echo('type a message; "/help" lists the commands, "/quit" or Ctrl-D leaves')
 
+        command = click.get_current_context()
+
         def failed(error: Exception) -> None:
             if isinstance(error, SwitchboardError):
-                shown = chat_failure(error, session_address, delivery_address)
+                shown = explain(error, command)
             else:
                 shown = f"the agent's callback failed: {type(error).__name__}: {error}"
             click.echo(f"error: {shown}", err=True)

@@ -4,28 +4,15 @@ from __future__ import annotations
 
 import click
 
-from switchboard_cli.options import DEFAULT_DELIVERY_LISTEN, DEFAULT_SESSION_LISTEN
+from switchboard_cli.errors import DELIVERY, SESSION
+from switchboard_cli.options import address_option
 from switchboard_console.server import run, split_listen
 from switchboard_console.web import ConsoleSettings
 
 
 @click.command()
-@click.option(
-    "--session",
-    "session_address",
-    default=DEFAULT_SESSION_LISTEN,
-    envvar="SWITCHBOARD_SESSION_ADDRESS",
-    show_default=True,
-    help="The SessionService's host:port.",
-)
-@click.option(
-    "--delivery",
-    "delivery_address",
-    default=DEFAULT_DELIVERY_LISTEN,
-    envvar="SWITCHBOARD_DELIVERY_ADDRESS",
-    show_default=True,
-    help="The DeliveryService's host:port.",
-)
+@address_option(SESSION, "session_address")
+@address_option(DELIVERY, "delivery_address")
 @click.option(
     "--listen",
     default="127.0.0.1:8233",

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlparse
 
 import click
+import peewee
 
-from switchboard import secret_checks
+from switchboard import migrations, secret_checks
+from switchboard.database import Backend, DatabaseSettings, open_backend
 
 Service = Literal["session", "delivery"]
 FILE_NAMES: dict[Service, str] = {"session": "session.sqlite3", "delivery": "delivery.sqlite3"}
@@ -158,6 +161,22 @@ def absence(missing: Sequence[Location], url_flag: str = "") -> str:
 def require_existing(location: Location, url_flag: str = "") -> None:
     if is_absent(location):
         raise click.ClickException(absence([location], url_flag))
+
+
+@contextmanager
+def opened(url: str) -> Iterator[Backend]:
+    """A database for a command that reads or migrates it (`db status|migrate`), closed
+    after; a refused schema or an unreachable database ends the command with one line,
+    no traceback."""
+    backend = open_backend(DatabaseSettings(url=url))
+    try:
+        yield backend
+    except migrations.SchemaError as refused:
+        raise click.ClickException(str(refused)) from refused
+    except peewee.OperationalError as unreachable:
+        raise click.ClickException(f"{redacted(url)}: {unreachable}") from unreachable
+    finally:
+        backend.database.close()
 
 
 def real_database_password(

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from dataclasses import asdict
 from datetime import UTC, datetime
 
 import click
-import peewee
 
 from delivery_service.migrations import DELIVERY_SCHEMA
 from session_service.migrations import SESSION_SCHEMA
 from switchboard import migrations
-from switchboard.database import Backend, DatabaseSettings, open_backend
 from switchboard_cli.databases import (
     DataDir,
     Location,
@@ -21,8 +19,10 @@ from switchboard_cli.databases import (
     database_url_option,
     is_absent,
     locate,
+    opened,
     redacted,
 )
+from switchboard_cli.output import Output, output_option, print_json_lines
 
 
 @click.group()
@@ -31,7 +31,8 @@ def db() -> None:
 
 
 def _schema_options(command: Callable[..., None]) -> Callable[..., None]:
-    """The database options of `serve`, for the schema commands."""
+    """The database options of `serve`, for the schema commands, and --output."""
+    command = output_option(command)
     command = database_url_option("delivery")(command)
     command = database_url_option("session")(command)
     command = data_dir_option(command)
@@ -51,21 +52,6 @@ def _schemas(
     return chosen
 
 
-@contextmanager
-def _schema_backend(url: str) -> Iterator[Backend]:
-    """The database of one component for `db status|migrate`, closed after; a refused
-    schema or an unreachable database ends the command with one line, no traceback."""
-    backend = open_backend(DatabaseSettings(url=url))
-    try:
-        yield backend
-    except migrations.SchemaError as refused:
-        raise click.ClickException(str(refused)) from refused
-    except peewee.OperationalError as unreachable:
-        raise click.ClickException(f"{redacted(url)}: {unreachable}") from unreachable
-    finally:
-        backend.database.close()
-
-
 @db.command(name="status")
 @_schema_options
 def status_command(
@@ -73,6 +59,7 @@ def status_command(
     data_dir: DataDir | None,
     session_database_url: str | None,
     delivery_database_url: str | None,
+    output: Output,
 ) -> None:
     """Per component: the database's schema version, this code's, and what is pending.
 
@@ -81,8 +68,12 @@ def status_command(
     missing = [location for _, location in chosen if is_absent(location)]
     for component, location in chosen:
         if location not in missing:  # reading a missing file would make it
-            with _schema_backend(location.url) as backend:
-                _print_status(component, location.url, migrations.status(backend, component))
+            with opened(location.url) as backend:
+                found = migrations.status(backend, component)
+            if output == "json":
+                print_json_lines([{"url": redacted(location.url), **asdict(found)}])
+            else:
+                _print_status(component, location.url, found)
     if missing:
         raise click.ClickException(absence(missing))
 
@@ -117,12 +108,16 @@ def migrate_command(
     data_dir: DataDir | None,
     session_database_url: str | None,
     delivery_database_url: str | None,
+    output: Output,
 ) -> None:
     """Apply the pending migrations (what `serve` does at start unless --no-migrate)."""
     chosen = _schemas(which, data_dir, session_database_url, delivery_database_url)
     for component, location in chosen:
-        with _schema_backend(location.url) as backend:
+        with opened(location.url) as backend:
             report = migrations.migrate(backend, component)
+        if output == "json":
+            print_json_lines([{"url": redacted(location.url), **asdict(report)}])
+            continue
         if not report.applied:
             click.echo(f"{component.name}: already at version {report.to_version}")
             continue

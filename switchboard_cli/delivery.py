@@ -7,19 +7,26 @@ from itertools import islice
 from typing import Any, TypeVar
 
 import click
-from google.protobuf.json_format import MessageToJson
 from switchboard_client import DeliveryClient
 
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
-from switchboard_cli.errors import reported
 from switchboard_cli.options import delivery_address_option, token_option
-from switchboard_cli.output import table, time_text
+from switchboard_cli.output import (
+    Output,
+    clipped,
+    fields_table,
+    mapping_text,
+    output_option,
+    print_json_lines,
+    table,
+    time_text,
+)
 
 T = TypeVar("T")
 
 
 def _with_ledger(address: str, token: str | None, use: Callable[[Any], T]) -> T:
-    with reported(), DeliveryClient(address, token=token) as client:
+    with DeliveryClient(address, token=token) as client:
         return use(client)
 
 
@@ -62,6 +69,7 @@ def delivery() -> None:
     show_default=True,
     help="At most this many rows (the oldest first).",
 )
+@output_option
 @delivery_address_option
 @token_option
 def obligations(
@@ -70,6 +78,7 @@ def obligations(
     session_key: str,
     gateway: str,
     limit: int,
+    output: Output,
     address: str,
     token: str | None,
 ) -> None:
@@ -87,6 +96,18 @@ def obligations(
         return list(islice(rows, limit + 1))
 
     rows = _with_ledger(address, token, read)
+    if output == "json":
+        print_json_lines(rows[:limit])
+    else:
+        _obligations_table(rows[:limit])
+    if len(rows) > limit:
+        click.echo(
+            f"more rows match: raise --limit (it is {limit}) or narrow the filters",
+            err=output == "json",
+        )
+
+
+def _obligations_table(rows: list[Any]) -> None:
     table(
         "obligations",
         ["id", "state", "agent", "gateway", "platform", "chat", "attempts", "owner",
@@ -94,11 +115,9 @@ def obligations(
         [
             [o.id, _state_name(o.state), o.agent, o.gateway_name, o.platform, o.chat_id,
              o.attempts, o.owner_instance_id[:8], _shown_error(o)]
-            for o in rows[:limit]
+            for o in rows
         ],
     )  # fmt: skip
-    if len(rows) > limit:
-        click.echo(f"more rows match: raise --limit (it is {limit}) or narrow the filters")
 
 
 @delivery.command("instances")
@@ -111,9 +130,12 @@ def obligations(
     show_default=True,
     help="At most this many (the latest registered first).",
 )
+@output_option
 @delivery_address_option
 @token_option
-def instances(gateway: str, live_only: bool, limit: int, address: str, token: str | None) -> None:
+def instances(
+    gateway: str, live_only: bool, limit: int, output: Output, address: str, token: str | None
+) -> None:
     """List gateway instances: liveness, lease, platforms, rows held (admin)."""
 
     def read(client: Any) -> list[Any]:
@@ -123,6 +145,15 @@ def instances(gateway: str, live_only: bool, limit: int, address: str, token: st
         return list(islice(found, limit + 1))
 
     found = _with_ledger(address, token, read)
+    if output == "json":
+        print_json_lines(found[:limit])
+    else:
+        _instances_table(found[:limit])
+    if len(found) > limit:
+        click.echo(f"more instances match: raise --limit (it is {limit})", err=output == "json")
+
+
+def _instances_table(found: list[Any]) -> None:
     table(
         "gateway instances",
         ["instance", "gateway", "platforms", "live", "registered", "last heartbeat",
@@ -134,28 +165,61 @@ def instances(gateway: str, live_only: bool, limit: int, address: str, token: st
              time_text(s.instance.register_time), time_text(s.instance.heartbeat_time),
              time_text(s.instance.lease_expire_time), s.held_count, s.instance.host,
              s.instance.pid]
-            for s in found[:limit]
+            for s in found
         ],
     )  # fmt: skip
-    if len(found) > limit:
-        click.echo(f"more instances match: raise --limit (it is {limit})")
 
 
 @delivery.command("obligation")
 @click.argument("obligation_id")
+@output_option
 @delivery_address_option
 @token_option
-def obligation(obligation_id: str, address: str, token: str | None) -> None:
+def obligation(obligation_id: str, output: Output, address: str, token: str | None) -> None:
     """Show one obligation."""
-    click.echo(MessageToJson(_with_ledger(address, token, lambda c: c.get(obligation_id))))
+    _print_obligation(_with_ledger(address, token, lambda c: c.get(obligation_id)), output)
+
+
+def _print_obligation(row: dpb.Obligation, output: Output) -> None:
+    if output == "json":
+        print_json_lines([row])
+        return
+    fields_table(
+        f"obligation {row.id}",
+        [
+            ("id", row.id),
+            ("state", _state_name(row.state)),
+            ("agent", row.agent or "-"),
+            ("session key", row.session_key),
+            ("gateway", row.gateway_name or "-"),
+            ("platform", row.platform),
+            ("chat", row.chat_id or ("(sealed)" if row.sealed_target else "-")),
+            ("thread", row.thread_id or "-"),
+            ("message ref", row.message_ref or "-"),
+            ("content", clipped(row.content)),
+            ("attempts", row.attempts),
+            ("owner", row.owner_instance_id or "-"),
+            ("last error", _shown_error(row) or "-"),
+            ("platform message", row.platform_message_id or "-"),
+            ("recorded", time_text(row.create_time)),
+            ("updated", time_text(row.update_time)),
+            ("next attempt", time_text(row.next_attempt_time)),
+            ("delivered", time_text(row.deliver_time)),
+            ("metadata", mapping_text(row.metadata)),
+        ],
+    )
 
 
 @delivery.command("stats")
+@output_option
 @delivery_address_option
 @token_option
-def stats(address: str, token: str | None) -> None:
+def stats(output: Output, address: str, token: str | None) -> None:
     """Rows per state, oldest pending age, rows in doubt, gated platforms."""
     result = _with_ledger(address, token, lambda c: c.stats())
+    if output == "json":
+        print_json_lines([result])
+        return
     table(
         "ledger",
         ["state", "rows"],
@@ -174,32 +238,46 @@ def stats(address: str, token: str | None) -> None:
 
 @delivery.command("prune")
 @click.option("--older-than", type=float, default=None, help="Seconds [server's retention]")
+@output_option
 @delivery_address_option
 @token_option
-def prune(older_than: float | None, address: str, token: str | None) -> None:
+def prune(older_than: float | None, output: Output, address: str, token: str | None) -> None:
     """Delete old delivered and abandoned rows (never owed ones)."""
     pruned = _with_ledger(address, token, lambda c: c.prune(older_than))
+    if output == "json":
+        print_json_lines([{"pruned_count": pruned}])
+        return
     click.echo(f"pruned {pruned} row(s)")
 
 
 @delivery.command("retry")
 @click.argument("obligation_id")
+@output_option
 @delivery_address_option
 @token_option
-def retry(obligation_id: str, address: str, token: str | None) -> None:
+def retry(obligation_id: str, output: Output, address: str, token: str | None) -> None:
     """Make a failed or abandoned row due again."""
     row = _with_ledger(address, token, lambda c: c.retry(obligation_id))
+    if output == "json":
+        print_json_lines([row])
+        return
     click.echo(f"{row.id} is due for redelivery")
 
 
 @delivery.command("abandon")
 @click.argument("obligation_id")
 @click.option("--reason", default="")
+@output_option
 @delivery_address_option
 @token_option
-def abandon(obligation_id: str, reason: str, address: str, token: str | None) -> None:
+def abandon(
+    obligation_id: str, reason: str, output: Output, address: str, token: str | None
+) -> None:
     """Give up on an owed row."""
     row = _with_ledger(address, token, lambda c: c.abandon(obligation_id, reason))
+    if output == "json":
+        print_json_lines([row])
+        return
     click.echo(f"{row.id} abandoned")
 
 
@@ -213,6 +291,7 @@ def abandon(obligation_id: str, reason: str, address: str, token: str | None) ->
 )
 @click.option("--to", "to_gateway", required=True, help="Gateway name that claims them now.")
 @click.option("--id", "obligation_ids", multiple=True, help="Only this row (repeatable).")
+@output_option
 @delivery_address_option
 @token_option
 def hand_over(
@@ -220,6 +299,7 @@ def hand_over(
     from_no_gateway: bool,
     to_gateway: str,
     obligation_ids: tuple[str, ...],
+    output: Output,
     address: str,
     token: str | None,
 ) -> None:
@@ -233,5 +313,8 @@ def hand_over(
             from_gateway, to_gateway, obligation_ids, from_no_gateway=from_no_gateway
         ),
     )
+    if output == "json":
+        print_json_lines([{"handed_over_count": moved}])
+        return
     origin = "no gateway" if from_no_gateway else repr(from_gateway)
     click.echo(f"handed {moved} row(s) over from {origin} to {to_gateway!r}")

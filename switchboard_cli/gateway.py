@@ -8,14 +8,14 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from switchboard_client import DeliveryClient, SessionClient, SwitchboardError
+from switchboard_client import DeliveryClient, SessionClient
 from switchboard_client.gateway import Gateway
 from switchboard_client.loopback import LoopbackPlatform
 from switchboard_client.loopback_http import LoopbackDoor
 
-from switchboard_cli.agent import create_missing_agent
-from switchboard_cli.errors import chat_failure
-from switchboard_cli.options import DEFAULT_DELIVERY_LISTEN, DEFAULT_SESSION_LISTEN
+from switchboard_cli.agent import ensure_agent
+from switchboard_cli.errors import DELIVERY, SESSION
+from switchboard_cli.options import address_option, token_option_saying
 from switchboard_cli.replies import echo_agent, load_callback
 
 
@@ -45,24 +45,9 @@ from switchboard_cli.replies import echo_agent, load_callback
     show_default=True,
     help="host:port of the platform's HTTP door.",
 )
-@click.option(
-    "--session-address",
-    default=DEFAULT_SESSION_LISTEN,
-    envvar="SWITCHBOARD_SESSION_ADDRESS",
-    show_default=True,
-)
-@click.option(
-    "--delivery-address",
-    default=DEFAULT_DELIVERY_LISTEN,
-    envvar="SWITCHBOARD_DELIVERY_ADDRESS",
-    show_default=True,
-)
-@click.option(
-    "--token",
-    default=None,
-    envvar="SWITCHBOARD_TOKEN",
-    help="Bearer token for both services (when they run with --auth-tokens).",
-)
+@address_option(SESSION, "session_address", "--session-address")
+@address_option(DELIVERY, "delivery_address", "--delivery-address")
+@token_option_saying("Bearer token for both services (when they run with --auth-tokens).")
 @click.option(
     "--callback",
     default="",
@@ -88,8 +73,6 @@ def gateway(
     addresses = (session_address, delivery_address)
     try:
         _gateway(platform, agent, create_agent, name, (host, int(port)), addresses, token, reply)
-    except SwitchboardError as error:
-        raise click.ClickException(chat_failure(error, *addresses)) from None
     except OSError as error:  # the door's address: in use, or not this host's
         raise click.ClickException(f"cannot listen on {listen}: {error.strerror}") from None
 
@@ -108,16 +91,7 @@ def _gateway(
         SessionClient(addresses[0], token=token) as sessions,
         DeliveryClient(addresses[1], token=token) as ledger,
     ):
-        try:
-            sessions.get_agent(agent)
-        except SwitchboardError as missing:
-            if missing.code.name != "NOT_FOUND":
-                raise
-            if not create_agent:
-                raise click.ClickException(
-                    f"agent {agent!r} does not exist: pass --create-agent to create it"
-                ) from None
-            create_missing_agent(sessions, agent)
+        ensure_agent(sessions, agent, create=create_agent, ask=False, create_flag="--create-agent")
         adapter = LoopbackPlatform(name=platform)
         running = Gateway(name, agent, sessions, ledger, [adapter], reply)
         running.start()

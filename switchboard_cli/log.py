@@ -5,18 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import click
-from google.protobuf.json_format import MessageToJson
 from switchboard_client import SessionClient, SwitchboardError
 
-from switchboard_cli.errors import reported
 from switchboard_cli.options import session_address_option, token_option
-from switchboard_cli.output import clipped, time_text
+from switchboard_cli.output import Output, as_json, clipped, output_option, time_text
 
 
 def _event_line(event: Any) -> str:
     """One line per event: sequence, time, agent/session, type and its body, clipped."""
     kind = event.WhichOneof("body") or "?"
-    body = MessageToJson(getattr(event, kind), indent=None) if kind != "?" else ""
+    body = as_json(getattr(event, kind)) if kind != "?" else ""
     where = f"{event.agent}/{event.session_id}" if event.session_id else event.agent or "-"
     return f"{event.sequence} {time_text(event.time)} {where} {kind} {clipped(body)}"
 
@@ -85,7 +83,7 @@ def log_group() -> None:
     default=None,
     help="Follow from this sequence on (instead of the latest events).",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+@output_option
 @session_address_option
 @token_option
 def tail(
@@ -94,7 +92,7 @@ def tail(
     session_id: str,
     follow: bool,
     after: int | None,
-    as_json: bool,
+    output: Output,
     address: str,
     token: str | None,
 ) -> None:
@@ -102,12 +100,13 @@ def tail(
 
     The latest events need an admin token (the log is every agent's). An agent
     token follows its agent: --follow --agent NAME, from --after SEQ or from the
-    agent's first event."""
+    agent's first event. For people each event is a line (a table cannot grow as
+    events come)."""
 
     def printed(event: Any) -> None:
-        click.echo(MessageToJson(event, indent=None) if as_json else _event_line(event))
+        click.echo(as_json(event) if output == "json" else _event_line(event))
 
-    with reported(), SessionClient(address, token=token) as client:
+    with SessionClient(address, token=token) as client:
         if after is None:
             try:
                 latest = _latest_events(client, lines, agent, session_id)

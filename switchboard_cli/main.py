@@ -6,16 +6,19 @@ import logging
 from typing import Any
 
 import click
+from switchboard_client import SwitchboardError
 
 from switchboard.database import StartupRefused
 from switchboard.observability import configure_logging
-from switchboard_cli import chat, console, db, delivery, gateway, log, serve, session
+from switchboard_cli import agent, chat, console, db, delivery, gateway, log, serve, session
+from switchboard_cli.errors import explain
 from switchboard_cli.options import log_options
 
 
 class _Commands(click.Group):
-    """The command group; a database that must not be served ends the command with
-    its reason and exit code 1, not a traceback."""
+    """The command group; a database that must not be served, or a call a service
+    refused, ends the command with one line saying what to do and exit code 1, not a
+    traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -23,6 +26,8 @@ class _Commands(click.Group):
         except StartupRefused as refused:
             logging.getLogger("switchboard").error("refusing to start: %s", refused)
             raise click.ClickException(str(refused)) from refused
+        except SwitchboardError as failed:
+            raise click.ClickException(explain(failed, ctx)) from None
 
 
 _ENVIRONMENT = """\b
@@ -64,6 +69,7 @@ def _show_environment(group: click.Group) -> None:
 # The order of `switchboard --help` is click's (by name), whatever the order here.
 for command in (
     serve.serve,
+    agent.agent,
     session.session,
     log.log_group,
     delivery.delivery,

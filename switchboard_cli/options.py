@@ -8,14 +8,12 @@ from typing import Any
 import click
 
 from switchboard import secret_checks
-from switchboard.observability import (
-    configure_logging,
-)
+from switchboard.observability import configure_logging
+from switchboard_cli.errors import DELIVERY, SESSION, Service, remember_address, remember_token
 
 DEFAULT_SESSION_LISTEN = "127.0.0.1:50051"
-
-
 DEFAULT_DELIVERY_LISTEN = "127.0.0.1:50052"
+_DEFAULT_ADDRESSES = {SESSION: DEFAULT_SESSION_LISTEN, DELIVERY: DEFAULT_DELIVERY_LISTEN}
 
 
 def log_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -49,26 +47,32 @@ def relog(ctx: click.Context, log_level: str | None, log_format: str | None) -> 
     configure_logging(level, json_format=shape == "json")
 
 
-session_address_option = click.option(
-    "--address",
-    default="127.0.0.1:50051",
-    envvar="SWITCHBOARD_SESSION_ADDRESS",
-    show_default=True,
-    help="SessionService host:port.",
-)
+def address_option(service: Service, param: str, *older: str) -> Callable[..., Any]:
+    """`--session` or `--delivery` (and the spellings commands took before), from the
+    service's variable too; remembered for the error messages."""
+
+    def remembered(ctx: click.Context, _param: click.Parameter, value: str) -> str:
+        remember_address(ctx, service, value)
+        return value
+
+    return click.option(
+        service.flag,
+        *older,
+        param,
+        default=_DEFAULT_ADDRESSES[service],
+        envvar=service.variable,
+        show_default=True,
+        callback=remembered,
+        help=f"The {service.name}'s host:port.",
+    )
 
 
-delivery_address_option = click.option(
-    "--address",
-    default="127.0.0.1:50052",
-    envvar="SWITCHBOARD_DELIVERY_ADDRESS",
-    show_default=True,
-    help="DeliveryService host:port.",
-)
+session_address_option = address_option(SESSION, "address", "--address")
+delivery_address_option = address_option(DELIVERY, "address", "--address")
 
 
 def no_placeholder_token(
-    _ctx: click.Context, _param: click.Parameter, value: str | None
+    ctx: click.Context, _param: click.Parameter, value: str | None
 ) -> str | None:
     """A client's token that is a manifest placeholder (`CHANGE-ME-ADMIN`) is refused
     here, with what to do, rather than sent: a server refuses to start with one."""
@@ -78,13 +82,18 @@ def no_placeholder_token(
             f"the token is a placeholder (it contains {word!r}): use one of the "
             "services' real --auth-tokens"
         )
+    remember_token(ctx, value)
     return value
 
 
-token_option = click.option(
-    "--token",
-    default=None,
-    envvar="SWITCHBOARD_TOKEN",
-    callback=no_placeholder_token,
-    help="Bearer token (admin for most).",
-)
+def token_option_saying(help_text: str) -> Callable[..., Any]:
+    return click.option(
+        "--token",
+        default=None,
+        envvar="SWITCHBOARD_TOKEN",
+        callback=no_placeholder_token,
+        help=help_text,
+    )
+
+
+token_option = token_option_saying("Bearer token (admin for most).")

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import islice
 from typing import Any, TypeVar
 
 import click
-from google.protobuf.json_format import MessageToJson
 from rich.progress import Progress
 from switchboard_client import SessionClient
 
@@ -19,6 +18,7 @@ from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2 as pb
+from switchboard_cli import agent as agent_commands
 from switchboard_cli.databases import (
     DataDir,
     data_dir_option,
@@ -26,9 +26,17 @@ from switchboard_cli.databases import (
     locate,
     require_existing,
 )
-from switchboard_cli.errors import reported
 from switchboard_cli.options import session_address_option, token_option
-from switchboard_cli.output import clipped, table
+from switchboard_cli.output import (
+    Output,
+    clipped,
+    fields_table,
+    mapping_text,
+    output_option,
+    print_json_lines,
+    table,
+    time_text,
+)
 
 T = TypeVar("T")
 
@@ -41,7 +49,8 @@ def session() -> None:
 @session.command()
 @database_url_option("session", "--database-url")
 @data_dir_option
-def rebuild(database_url: str | None, data_dir: DataDir | None) -> None:
+@output_option
+def rebuild(database_url: str | None, data_dir: DataDir | None, output: Output) -> None:
     """Replay the whole log into fresh projections and report what differed."""
     location = locate("session", database_url, data_dir, url_flag="--database-url")
     require_existing(location, url_flag="--database-url")
@@ -54,7 +63,8 @@ def rebuild(database_url: str | None, data_dir: DataDir | None) -> None:
     store = LogStore(backend)
     runner = TransactionRunner(backend, settings, begin_write=store.lock_log)
     try:
-        with Progress() as bar:
+        # The progress bar is for people: scripts get the report alone.
+        with Progress(disable=output == "json") as bar:
             task = bar.add_task("replaying the log", total=None)
             report = recovery.rebuild(
                 Core(runner, store, SessionLimits()),
@@ -62,6 +72,10 @@ def rebuild(database_url: str | None, data_dir: DataDir | None) -> None:
             )
     finally:
         runner.close()
+    if output == "json":
+        found = {"events": report.events, "differences": report.differences}
+        print_json_lines([{**found, "repaired": report.differed}])
+        return
     click.echo(f"replayed {report.events} events")
     for name, count in report.differences.items():
         click.echo(f"  {name}: {count} row(s) differed" if count else f"  {name}: identical")
@@ -70,7 +84,7 @@ def rebuild(database_url: str | None, data_dir: DataDir | None) -> None:
 
 
 def _with_sessions(address: str, token: str | None, use: Callable[[Any], T]) -> T:
-    with reported(), SessionClient(address, token=token) as client:
+    with SessionClient(address, token=token) as client:
         return use(client)
 
 
@@ -98,10 +112,13 @@ def _checked_empty_log(target: int | str, empty_log: bool) -> None:
 
 
 def _confirmed_move(
-    address: str, token: str | None, preview: Callable[[Any], Any], yes: bool
+    address: str, token: str | None, preview: Callable[[Any], Any], yes: bool, output: Output
 ) -> bool:
     """Shows a rewind's or checkout's preview; True when it should go ahead."""
     answer = _with_sessions(address, token, preview)
+    if output == "json":  # the preview is the first line; the question goes to stderr
+        print_json_lines([answer])
+        return not answer.unchanged and (yes or click.confirm("Go ahead?", err=True))
     if answer.unchanged:
         click.echo(f"the log is already at {answer.to_sequence}: nothing would change")
         return False
@@ -130,47 +147,70 @@ def _role(value: int) -> str:
     return pb.Role.Name(value).removeprefix("ROLE_").lower()  # type: ignore[arg-type]
 
 
-@session.command("agents")
-@session_address_option
-@token_option
-def agents(address: str, token: str | None) -> None:
-    """List agents."""
-    rows = _with_sessions(address, token, lambda c: list(c.list_agents()))
-    table(
-        "agents",
-        ["name", "version", "peers", "rules", "archived"],
-        [[a.name, a.version, ",".join(a.peers), len(a.permissions), a.archived] for a in rows],
-    )
-
-
-@session.command("agent")
-@click.argument("name")
-@session_address_option
-@token_option
-def agent(name: str, address: str, token: str | None) -> None:
-    """Show one agent: memory, permissions, peers, settings."""
-    shown = _with_sessions(address, token, lambda c: c.get_agent(name))
-    click.echo(MessageToJson(shown))
-
-
 @session.command("show")
 @click.argument("agent")
 @click.argument("session_id")
+@output_option
 @session_address_option
 @token_option
-def show(agent: str, session_id: str, address: str, token: str | None) -> None:
+def show(agent: str, session_id: str, output: Output, address: str, token: str | None) -> None:
     """Show one session's state (inbox, outbox, task, temp state)."""
-    state = _with_sessions(address, token, lambda c: c.state(agent, session_id))
-    click.echo(MessageToJson(state.state))
+    state = _with_sessions(address, token, lambda c: c.state(agent, session_id)).state
+    if output == "json":
+        print_json_lines([state])
+        return
+    summary = state.session
+    fields_table(
+        f"session {summary.agent}/{summary.session_id}",
+        [
+            ("session", summary.session_id),
+            ("agent", summary.agent),
+            ("routing key", summary.routing_key or "-"),
+            ("status", _status(summary)),
+            ("version", summary.version),
+            ("messages", summary.message_count),
+            ("created", time_text(summary.create_time)),
+            ("updated", time_text(summary.update_time)),
+            ("resume pending", "yes" if summary.resume_pending else "no"),
+            ("task", _task(state.current_task)),
+            ("temp state", mapping_text(state.temp_state)),
+            ("inbox", _queued(state.inbox)),
+            ("outbox", _queued(state.outbox)),
+        ],
+    )
+
+
+def _status(summary: pb.Session) -> str:
+    if summary.status == pb.SESSION_STATUS_OPEN:
+        return "suspended" if summary.suspended else "open"
+    return f"ended ({summary.end_reason})" if summary.end_reason else "ended"
+
+
+def _task(task: pb.Task) -> str:
+    if not task.task_id:
+        return "-"
+    return f"{task.task_id}: {clipped(task.description, 60)}" if task.description else task.task_id
+
+
+def _queued(messages: Sequence[pb.QueuedMessage]) -> str:
+    """Queued messages, one a line: sequence, role and content, clipped."""
+    lines = [
+        f"{m.sequence} {_role(m.message.role)}: {clipped(m.message.content, 60)}" for m in messages
+    ]
+    return "\n".join(lines) or "-"
 
 
 @session.command("sessions")
 @click.argument("agent")
+@output_option
 @session_address_option
 @token_option
-def sessions(agent: str, address: str, token: str | None) -> None:
+def sessions(agent: str, output: Output, address: str, token: str | None) -> None:
     """List an agent's sessions, newest first."""
     rows = _with_sessions(address, token, lambda c: list(c.list_sessions(agent)))
+    if output == "json":
+        print_json_lines(rows)
+        return
     table(
         f"sessions of {agent}",
         ["session", "routing key", "status", "version", "messages", "ended because"],
@@ -184,20 +224,28 @@ def sessions(agent: str, address: str, token: str | None) -> None:
 
 @session.command("checkpoint")
 @click.argument("label")
+@output_option
 @session_address_option
 @token_option
-def checkpoint(label: str, address: str, token: str | None) -> None:
+def checkpoint(label: str, output: Output, address: str, token: str | None) -> None:
     """Name the current head of the log."""
     made = _with_sessions(address, token, lambda c: c.create_checkpoint(label))
+    if output == "json":
+        print_json_lines([made])
+        return
     click.echo(f"checkpoint {made.label} at sequence {made.sequence}")
 
 
 @session.command("checkpoints")
+@output_option
 @session_address_option
 @token_option
-def checkpoints(address: str, token: str | None) -> None:
+def checkpoints(output: Output, address: str, token: str | None) -> None:
     """List checkpoints."""
     rows = _with_sessions(address, token, lambda c: c.list_checkpoints())
+    if output == "json":
+        print_json_lines(rows)
+        return
     table("checkpoints", ["label", "sequence"], [[c.label, c.sequence] for c in rows])
 
 
@@ -214,7 +262,7 @@ def checkpoints(address: str, token: str | None) -> None:
     show_default=True,
 )
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="One JSON event per line.")
+@output_option
 @session_address_option
 @token_option
 def log(
@@ -225,7 +273,7 @@ def log(
     event_types: tuple[str, ...],
     branch: str,
     limit: int,
-    as_json: bool,
+    output: Output,
     address: str,
     token: str | None,
 ) -> None:
@@ -246,9 +294,8 @@ def log(
         return list(islice(entries, limit))
 
     entries = _with_sessions(address, token, read)
-    if as_json:
-        for entry in entries:
-            click.echo(MessageToJson(entry, indent=None))
+    if output == "json":
+        print_json_lines(entries)
         return
     table(
         "log",
@@ -275,7 +322,7 @@ def log(
 @click.option("--page-token", default="", help="The token a previous page printed.")
 @click.option("--all", "every_page", is_flag=True, help="Print every page, not one.")
 @click.option("--abandoned", is_flag=True, help="Also messages a rewind abandoned.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON message per line.")
+@output_option
 @session_address_option
 @token_option
 def history(
@@ -286,7 +333,7 @@ def history(
     page_token: str,
     every_page: bool,
     abandoned: bool,
-    as_json: bool,
+    output: Output,
     address: str,
     token: str | None,
 ) -> None:
@@ -308,9 +355,8 @@ def history(
                 return messages, cursor
 
     messages, more = _with_sessions(address, token, read)
-    if as_json:
-        for queued in messages:
-            click.echo(MessageToJson(queued, indent=None))
+    if output == "json":
+        print_json_lines(messages)
     else:
         table(
             f"history of {agent}/{session_id}",
@@ -327,7 +373,7 @@ def history(
         click.echo(
             f"{which} messages: switchboard session history {agent} {session_id}"
             f"{flags} --limit {limit} --page-token {more}",
-            err=as_json,
+            err=output == "json",
         )
 
 
@@ -335,9 +381,12 @@ def history(
 @click.argument("target")
 @_empty_log
 @_yes
+@output_option
 @session_address_option
 @token_option
-def rewind(target: str, empty_log: bool, yes: bool, address: str, token: str | None) -> None:
+def rewind(
+    target: str, empty_log: bool, yes: bool, output: Output, address: str, token: str | None
+) -> None:
     """Move every agent and session back to a sequence or a checkpoint label.
 
     Shows what it would abandon first and asks before doing it."""
@@ -347,9 +396,12 @@ def rewind(target: str, empty_log: bool, yes: bool, address: str, token: str | N
     def preview(client: Any) -> Any:
         return client.preview_rewind(to, empty_log=empty_log)
 
-    if not _confirmed_move(address, token, preview, yes):
+    if not _confirmed_move(address, token, preview, yes, output):
         return
     record = _with_sessions(address, token, lambda c: c.rewind(to, empty_log=empty_log))
+    if output == "json":  # the record written ({} when nothing was)
+        print_json_lines([record])
+        return
     if not record.sequence:
         click.echo("nothing to abandon: nothing written")
         return
@@ -360,9 +412,12 @@ def rewind(target: str, empty_log: bool, yes: bool, address: str, token: str | N
 @click.argument("sequence", type=click.IntRange(min=0))
 @_empty_log
 @_yes
+@output_option
 @session_address_option
 @token_option
-def checkout(sequence: int, empty_log: bool, yes: bool, address: str, token: str | None) -> None:
+def checkout(
+    sequence: int, empty_log: bool, yes: bool, output: Output, address: str, token: str | None
+) -> None:
     """Move to any sequence, abandoned branches included (undoes a rewind).
 
     Shows what it would abandon and restore first and asks before doing it."""
@@ -371,10 +426,18 @@ def checkout(sequence: int, empty_log: bool, yes: bool, address: str, token: str
     def preview(client: Any) -> Any:
         return client.preview_checkout(sequence, empty_log=empty_log)
 
-    if not _confirmed_move(address, token, preview, yes):
+    if not _confirmed_move(address, token, preview, yes, output):
         return
     record = _with_sessions(address, token, lambda c: c.checkout(sequence, empty_log=empty_log))
+    if output == "json":  # the record written ({} when nothing was)
+        print_json_lines([record])
+        return
     if not record.sequence:
         click.echo("nothing to change: nothing written")
         return
     click.echo(f"checked out {record.rewound.to_sequence} (record {record.sequence})")
+
+
+# The agent commands under their older names.
+session.add_command(agent_commands.list_agents, "agents")
+session.add_command(agent_commands.show, "agent")

@@ -34,7 +34,7 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield cwd
 
 
-def _cli(*args: str, env: dict[str, str | None] | None = None) -> Result:
+def _cli(*args: str, env: dict[str, str] | None = None) -> Result:
     return CliRunner().invoke(main, ["--log-level", "WARNING", *args], env=env)
 
 

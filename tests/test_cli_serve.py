@@ -122,7 +122,7 @@ def test_every_option_shows_its_environment_variable() -> None:
     for variable in ("SWITCHBOARD_TOKEN", "SWITCHBOARD_SESSION_ADDRESS",
                      "SWITCHBOARD_DELIVERY_ADDRESS"):  # fmt: skip
         assert variable in top
-    for group in ("session", "delivery", "log"):
+    for group in ("session", "delivery", "log", "agent", "db"):
         for name, command in main.commands[group].commands.items():  # type: ignore[attr-defined]
             text = " ".join(
                 runner.invoke(main, [group, name, "--help"], terminal_width=200).output.split()
