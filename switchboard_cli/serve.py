@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import click
 from prometheus_client import CollectorRegistry
@@ -15,8 +17,8 @@ from session_service import pii
 from session_service.app import SessionUnit
 from session_service.core import SessionLimits
 from switchboard import migrations
-from switchboard.auth import check_secret, check_sendable, parse_tokens
-from switchboard.database import DatabaseSettings
+from switchboard.auth import Grant, check_secret, check_sendable, parse_tokens
+from switchboard.database import DatabaseSettings, IntegrityCheck, SettingsMismatch, SqliteSync
 from switchboard.observability import (
     ACCESS_LEVELS,
     AccessLevel,
@@ -63,6 +65,64 @@ def _from_environment_only(
             "command line, where every user of the host can read it"
         )
     return value
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """Every option of `serve`, as click parsed them."""
+
+    which: str
+    data_dir: DataDir | None
+    session_listen: str
+    session_database_url: str | None
+    snapshot_every: int
+    delivery_listen: str
+    delivery_database_url: str | None
+    sqlite_synchronous: SqliteSync
+    sqlite_integrity_check: IntegrityCheck
+    on_settings_mismatch: SettingsMismatch
+    db_pool_size: int
+    db_writer_threads: int
+    db_lock_timeout: float
+    max_attempts: int
+    stale_after: float
+    retention: float
+    lease_ttl: float
+    backoff: tuple[float, ...]
+    max_content_bytes: int
+    request_id_window: float
+    max_concurrent_rpcs: int | None
+    max_watchers: int
+    max_connections: int
+    max_streams_per_connection: int
+    http2_window_bytes: int
+    max_message_bytes: int
+    drain_grace: float
+    metrics_listen: str
+    access_log: AccessLevel
+    log_level: str | None
+    log_format: str | None
+    auth_tokens: str
+    pii_key_file: Path | None
+    pii_key: str | None
+    tls_cert: Path | None
+    tls_key: Path | None
+    tls_client_ca: Path | None
+    no_migrate: bool
+    console_listen: str
+    console_read_only: bool
+
+    def serves(self, service: Service) -> bool:
+        return self.which in ("all", service)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the options become once checked, before any database is opened."""
+
+    grants: dict[str, Grant]
+    pii_key: bytes | None
+    database_urls: dict[Service, str]
 
 
 @click.command()
@@ -331,66 +391,28 @@ def _from_environment_only(
     envvar="SWITCHBOARD_CONSOLE_READ_ONLY",
     help="The console of --console-listen refuses every write.",
 )
-def serve(
-    which: str,
-    data_dir: DataDir | None,
-    session_listen: str,
-    session_database_url: str | None,
-    snapshot_every: int,
-    delivery_listen: str,
-    delivery_database_url: str | None,
-    sqlite_synchronous: str,
-    sqlite_integrity_check: str,
-    on_settings_mismatch: str,
-    db_pool_size: int,
-    db_writer_threads: int,
-    db_lock_timeout: float,
-    max_attempts: int,
-    stale_after: float,
-    retention: float,
-    lease_ttl: float,
-    backoff: tuple[float, ...],
-    max_content_bytes: int,
-    request_id_window: float,
-    max_concurrent_rpcs: int | None,
-    max_watchers: int,
-    max_connections: int,
-    max_streams_per_connection: int,
-    http2_window_bytes: int,
-    max_message_bytes: int,
-    drain_grace: float,
-    metrics_listen: str,
-    access_log: AccessLevel,
-    log_level: str | None,
-    log_format: str | None,
-    auth_tokens: str,
-    pii_key_file: Path | None,
-    pii_key: str | None,
-    tls_cert: Path | None,
-    tls_key: Path | None,
-    tls_client_ca: Path | None,
-    no_migrate: bool,
-    console_listen: str,
-    console_read_only: bool,
-) -> None:
+def serve(**parsed: Any) -> None:
     """Run the services until SIGTERM or Ctrl-C (then drain and exit 0)."""
-    if console_listen and which != "all":
+    options = ServeOptions(**parsed)
+    relog(click.get_current_context(), options.log_level, options.log_format)
+    checked = _checked(options)
+    registry = CollectorRegistry()
+    metrics = RpcMetrics(registry) if options.metrics_listen else None
+    apps = _apps(options, checked, metrics)
+    if options.metrics_listen:
+        for app in apps.values():
+            registry.register(StateCollector(app.unit.gauges))
+        port = serve_metrics(registry, options.metrics_listen)
+        click.echo(f"switchboard: metrics on {options.metrics_listen.rpartition(':')[0]}:{port}")
+    _run(options, apps, checked)
+
+
+def _checked(options: ServeOptions) -> Checked:
+    """Every option that can be refused is, before anything is opened."""
+    if options.console_listen and options.which != "all":
         raise click.UsageError("--console-listen needs both services: `serve all`")
-    relog(click.get_current_context(), log_level, log_format)
-
-    def database(service: Service) -> DatabaseSettings:
-        return DatabaseSettings(
-            url=database_urls[service],
-            sqlite_synchronous=sqlite_synchronous,  # type: ignore[arg-type]
-            pool_size=db_pool_size,
-            writer_threads=db_writer_threads,
-            busy_timeout_ms=max(1, round(db_lock_timeout * 1000)),
-            sqlite_integrity_check=sqlite_integrity_check,  # type: ignore[arg-type]
-            on_settings_mismatch=on_settings_mismatch,  # type: ignore[arg-type]
-        )
-
     try:
-        grants = parse_tokens(auth_tokens)
+        grants = parse_tokens(options.auth_tokens)
         check_sendable(grants)
         check_secret(grants)
     except ValueError as exc:
@@ -398,85 +420,107 @@ def serve(
             str(exc), param_hint="--auth-tokens / SWITCHBOARD_AUTH_TOKENS"
         ) from exc
     try:
-        key = pii.read_key(pii_key_file, pii_key)
+        key = pii.read_key(options.pii_key_file, options.pii_key)
     except pii.PiiKeyRefused as exc:
         raise click.BadParameter(
             str(exc), param_hint="--pii-key-file / SWITCHBOARD_PII_KEY"
         ) from exc
-    if (tls_cert is None) != (tls_key is None) or (tls_client_ca and not tls_cert):
+    if (options.tls_cert is None) != (options.tls_key is None) or (
+        options.tls_client_ca and not options.tls_cert
+    ):
         raise click.UsageError("TLS needs --tls-cert and --tls-key (and then --tls-client-ca)")
-    # Both databases are named before either is opened.
     given: dict[Service, str | None] = {
-        "session": session_database_url,
-        "delivery": delivery_database_url,
+        "session": options.session_database_url,
+        "delivery": options.delivery_database_url,
     }
-    database_urls = {
-        service: locate(service, url, data_dir).url
+    urls = {
+        service: locate(service, url, options.data_dir).url
         for service, url in given.items()
-        if which in ("all", service)
+        if options.serves(service)
     }
-    registry = CollectorRegistry()
-    metrics = RpcMetrics(registry) if metrics_listen else None
+    return Checked(grants, key, urls)
 
-    def server(listen: str) -> ServerSettings:
-        return ServerSettings(
-            listen=listen,
-            max_concurrent_rpcs=max_concurrent_rpcs,
-            max_connections=max_connections or None,
-            max_streams_per_connection=max_streams_per_connection or None,
-            http2_window_bytes=http2_window_bytes or None,
-            max_message_bytes=max_message_bytes,
-            drain_grace_s=drain_grace,
-            auth=grants,
-            metrics=metrics,
-            access_log=access_log,
-            tls_cert=tls_cert,
-            tls_key=tls_key,
-            tls_client_ca=tls_client_ca,
-        )
 
-    apps: list[GrpcApp] = []
-    urls: dict[int, str] = {}
-    migrate = not no_migrate
+def _database(options: ServeOptions, url: str) -> DatabaseSettings:
+    return DatabaseSettings(
+        url=url,
+        sqlite_synchronous=options.sqlite_synchronous,
+        pool_size=options.db_pool_size,
+        writer_threads=options.db_writer_threads,
+        busy_timeout_ms=max(1, round(options.db_lock_timeout * 1000)),
+        sqlite_integrity_check=options.sqlite_integrity_check,
+        on_settings_mismatch=options.on_settings_mismatch,
+    )
+
+
+def _server(
+    options: ServeOptions, listen: str, grants: dict[str, Grant], metrics: RpcMetrics | None
+) -> ServerSettings:
+    return ServerSettings(
+        listen=listen,
+        max_concurrent_rpcs=options.max_concurrent_rpcs,
+        max_connections=options.max_connections or None,
+        max_streams_per_connection=options.max_streams_per_connection or None,
+        http2_window_bytes=options.http2_window_bytes or None,
+        max_message_bytes=options.max_message_bytes,
+        drain_grace_s=options.drain_grace,
+        auth=grants,
+        metrics=metrics,
+        access_log=options.access_log,
+        tls_cert=options.tls_cert,
+        tls_key=options.tls_key,
+        tls_client_ca=options.tls_client_ca,
+    )
+
+
+def _session_unit(options: ServeOptions, checked: Checked) -> SessionUnit:
+    limits = SessionLimits(
+        snapshot_every=options.snapshot_every,
+        request_id_window_s=options.request_id_window,
+        max_watchers=options.max_watchers,
+    )
+    database = _database(options, checked.database_urls["session"])
+    return SessionUnit(database, limits, migrate=not options.no_migrate, pii_key=checked.pii_key)
+
+
+def _delivery_unit(options: ServeOptions, checked: Checked) -> DeliveryUnit:
+    limits = LedgerLimits(
+        max_attempts=options.max_attempts,
+        stale_after_s=options.stale_after,
+        retention_s=options.retention,
+        lease_ttl_s=options.lease_ttl,
+        backoff_s=options.backoff,
+        max_content_bytes=options.max_content_bytes,
+        request_id_window_s=options.request_id_window,
+    )
+    database = _database(options, checked.database_urls["delivery"])
+    return DeliveryUnit(database, limits, migrate=not options.no_migrate, pii_key=checked.pii_key)
+
+
+def _apps(
+    options: ServeOptions, checked: Checked, metrics: RpcMetrics | None
+) -> dict[Service, GrpcApp]:
+    """The services' units (their databases opened and migrated), each with its server
+    settings; a refused schema closes what was opened and ends the command."""
+    apps: dict[Service, GrpcApp] = {}
     try:
-        if which in ("all", "session"):
-            settings = database("session")
-            limits = SessionLimits(
-                snapshot_every=snapshot_every,
-                request_id_window_s=request_id_window,
-                max_watchers=max_watchers,
-            )
-            apps.append(
-                GrpcApp(
-                    SessionUnit(settings, limits, migrate=migrate, pii_key=key),
-                    server(session_listen),
-                )
-            )
-            urls[id(apps[-1])] = redacted(settings.url)
-        if which in ("all", "delivery"):
-            settings = database("delivery")
-            ledger_limits = LedgerLimits(
-                max_attempts=max_attempts,
-                stale_after_s=stale_after,
-                retention_s=retention,
-                lease_ttl_s=lease_ttl,
-                backoff_s=backoff,
-                max_content_bytes=max_content_bytes,
-                request_id_window_s=request_id_window,
-            )
-            unit = DeliveryUnit(settings, ledger_limits, migrate=migrate, pii_key=key)
-            apps.append(GrpcApp(unit, server(delivery_listen)))
-            urls[id(apps[-1])] = redacted(settings.url)
+        if options.serves("session"):
+            listen = _server(options, options.session_listen, checked.grants, metrics)
+            apps["session"] = GrpcApp(_session_unit(options, checked), listen)
+        if options.serves("delivery"):
+            listen = _server(options, options.delivery_listen, checked.grants, metrics)
+            apps["delivery"] = GrpcApp(_delivery_unit(options, checked), listen)
     except migrations.SchemaError as refused:
-        for app in apps:
+        for app in apps.values():
             app.unit.close()
         raise click.ClickException(str(refused)) from refused
+    return apps
 
-    if metrics_listen:
-        for app in apps:
-            registry.register(StateCollector(app.unit.gauges))
-        metrics_port = serve_metrics(registry, metrics_listen)
-        click.echo(f"switchboard: metrics on {metrics_listen.rpartition(':')[0]}:{metrics_port}")
+
+def _run(options: ServeOptions, apps: dict[Service, GrpcApp], checked: Checked) -> None:
+    """Serves until SIGTERM or Ctrl-C, the console beside the services when asked."""
+    urls = {id(app): redacted(checked.database_urls[service]) for service, app in apps.items()}
+    served = list(apps.values())
 
     def announce(started: Sequence[GrpcApp]) -> None:
         for app in started:
@@ -484,16 +528,15 @@ def serve(
             click.echo(f"switchboard: {name} listening on {app.address} ({urls[id(app)]})")
         click.echo("switchboard: ready; Ctrl-C or SIGTERM drains and stops")
 
-    if not console_listen:
-        asyncio.run(serve_until_signalled(apps, announce))
+    if not options.console_listen:
+        asyncio.run(serve_until_signalled(served, announce))
         return
-
     asyncio.run(
         serve_with_console(
-            apps,
+            served,
             announce,
-            console_listen,
-            console_read_only,
+            options.console_listen,
+            options.console_read_only,
             lambda url: click.echo(f"switchboard: console on {url}"),
         )
     )
