@@ -38,7 +38,9 @@ Environment (each option's own variable is shown in its command's --help):
   SWITCHBOARD_DELIVERY_ADDRESS  DeliveryService host:port the commands call
                                 [127.0.0.1:50052]
   SWITCHBOARD_LOG_LEVEL, SWITCHBOARD_LOG_FORMAT   --log-level, --log-format
-  SWITCHBOARD_DATA_DIR          where SQLite files live (serve, rebuild, db)
+  SWITCHBOARD_DATA_DIR          where SQLite files live (serve, rebuild, db);
+                                else data_dir in the config file,
+                                $XDG_CONFIG_HOME/switchboard/config.toml
 """
 
 

@@ -193,7 +193,7 @@ def test_installed_server_serves_from_an_empty_directory_and_stops_on_sigterm(
         assert result["delivery"]["claimed"] == [result["delivery"]["recorded"]]
         site = str(installed.client_venv.site_packages())
         assert all(path.startswith(site) for path in result["modules"].values() if path != "None")
-        # The default data directory is ./var of wherever it was started.
+        # The data directory serve_all names (there is no default one).
         assert {"delivery.sqlite3", "session.sqlite3"} <= set(os.listdir(workdir / "var"))
         code = server.terminate()
     assert code == 0, "".join(server.output)
