@@ -354,7 +354,7 @@ def test_the_log_command_prints_the_filtered_log(service: InProcessSession) -> N
     assert shown.exit_code == 0, shown.output
     [line] = shown.stdout.splitlines()  # the in-process server logs to stderr
     entry = json.loads(line)
-    assert entry["event"]["messageAppended"]["message"]["content"] == "hello"
+    assert entry["event"]["message_appended"]["message"]["content"] == "hello"  # snake_case
     table = runner.invoke(main, ["session", "log", "--address", service.address])
     assert table.exit_code == 0, table.output
     assert "session_opened" in table.output and "message_appended" in table.output
