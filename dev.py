@@ -121,7 +121,16 @@ def _command(name: str, rest: list[str]) -> list[str]:
         return ["-m", "pytest", *rest]
     # `serve` serves both services unless told which.
     which = [] if rest and rest[0] in SERVED else ["all"]
-    return ["-m", "switchboard", "serve", *which, *rest]
+    return ["-m", "switchboard_cli", "serve", *which, *rest]
+
+
+def environment(name: str, inherited: dict[str, str]) -> dict[str, str]:
+    """`serve` keeps its SQLite files in the checkout's var/, named explicitly (the
+    command never falls back on the current directory), unless the caller's
+    SWITCHBOARD_DATA_DIR names another place; a --data-dir argument wins over both."""
+    if name == "serve":
+        return {"SWITCHBOARD_DATA_DIR": str(ROOT / "var"), **inherited}
+    return dict(inherited)
 
 
 def main() -> None:
@@ -130,7 +139,7 @@ def main() -> None:
     python = ensure_environment(EXTRAS[sys.argv[1]])
     os.chdir(ROOT)
     argv = [str(python), *_command(sys.argv[1], sys.argv[2:])]
-    os.execv(argv[0], argv)
+    os.execve(argv[0], argv, environment(sys.argv[1], dict(os.environ)))
 
 
 if __name__ == "__main__":

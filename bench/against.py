@@ -32,20 +32,27 @@ ROUNDS = 2
 WORKLOADS = (("AppendEvents", "session", "append"), ("delivery cycle", "delivery", "cycle"))
 
 
+#: What a release tree needs to serve; the packages a release may lack are left out.
+_SERVER_PATHS = ("switchboard", "session_service", "delivery_service", "protos")
+_LATER_PATHS = ("switchboard_cli", "switchboard_console")
+
+
+def _server_paths(revision: str) -> list[str]:
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", revision, *_LATER_PATHS],
+        cwd=servers.REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return [*_SERVER_PATHS, *listed]
+
+
 @contextmanager
 def release_tree(revision: str) -> Iterator[Path]:
     """The server code of `revision` in a temporary directory, stubs generated."""
     archive = subprocess.run(
-        [
-            "git",
-            "archive",
-            "--format=tar",
-            revision,
-            "switchboard",
-            "session_service",
-            "delivery_service",
-            "protos",
-        ],
+        ["git", "archive", "--format=tar", revision, *_server_paths(revision)],
         cwd=servers.REPO_ROOT,
         capture_output=True,
         check=True,

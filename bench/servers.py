@@ -1,7 +1,7 @@
 """The servers the benchmarks load, on the databases they need: started as an operator
 starts them, always stopped.
 
-A server is `python -m switchboard serve delivery|session` in a process of its own,
+A server is `python -m switchboard_cli serve delivery|session` in a process of its own,
 started by the tests' own launcher (`tests.harness.ServerProcess`), on a SQLite file
 in a temporary directory or in a fresh Postgres schema dropped afterwards. Nothing
 here touches the server's code.

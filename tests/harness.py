@@ -288,6 +288,13 @@ class ServerProcess:
         self.launch()
         return self.wait_ready(timeout_s)
 
+    def _cli_module(self) -> str:
+        """The command's module: `switchboard_cli`, or in a tree of a release before
+        it existed (a benchmark's `--against`), that release's `switchboard`."""
+        if self.code_root is not None and not (self.code_root / "switchboard_cli").is_dir():
+            return "switchboard"
+        return "switchboard_cli"
+
     def launch(self) -> None:
         """Starts the process without waiting for it (`wait_ready` then waits), so that
         several can start at the same moment."""
@@ -296,7 +303,7 @@ class ServerProcess:
                 *self.command_prefix,
                 sys.executable,
                 "-m",
-                "switchboard",
+                self._cli_module(),
                 "serve",
                 self.service,
                 f"--{self.service}-listen",

@@ -140,6 +140,8 @@ def test_a_person_chats_in_a_terminal(tmp_path: Path, services: tuple[str, str])
     (workdir / "mybot.py").write_text(BOT)
     argv = _chat_argv(session, delivery, "--callback", "mybot:reply")
     with _terminal(argv, workdir, _environment(SWITCHBOARD_TOKEN="chat-admin")) as chat:
+        chat.expect("agent 'main' does not exist; create it? [y/N]: ")
+        chat.type("y")
         chat.expect("switchboard chat: agent 'main'")
         chat.expect('"/help" lists the commands')
         chat.expect("you> ")
@@ -182,6 +184,8 @@ def test_a_token_from_the_command_line_and_a_refused_one(
     session, delivery = services
     argv = _chat_argv(session, delivery, "--token", "main-only")
     with _terminal(argv, tmp_path, _environment()) as chat:
+        chat.expect("create it? [y/N]: ")
+        chat.type("y")
         screen = chat.rest()
         assert chat.process.returncode != 0
     assert "agent 'main' does not exist and this token may not create it" in screen
@@ -197,7 +201,8 @@ def test_a_token_from_the_command_line_and_a_refused_one(
     ) as refused:
         screen = refused.rest()
         assert refused.process.returncode != 0
-    assert "refused the token (UNAUTHENTICATED)" in screen and "SWITCHBOARD_TOKEN" in screen
+    assert "the services refused the token (UNAUTHENTICATED)" in screen
+    assert "SWITCHBOARD_TOKEN" in screen
     assert "Traceback" not in screen
 
 
@@ -209,7 +214,8 @@ def test_services_down_is_one_line(tmp_path: Path) -> None:
         assert chat.process.returncode != 0
     assert "Traceback" not in screen
     errors = [line for line in screen.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and "cannot reach the services at 127.0.0.1:1" in errors[0], screen
+    assert len(errors) == 1 and "nothing answers at 127.0.0.1:1 (the SessionService)" in errors[0]
+    assert "nothing answers at 127.0.0.1:1 (the DeliveryService)" in errors[0], screen
     assert re.search(r"switchboard serve", errors[0])
 
 
@@ -229,6 +235,8 @@ def test_services_killed_mid_chat(tmp_path: Path) -> None:
                 addresses.append(match.group(1))
         assert len(addresses) == 2, "the services did not start"
         with _terminal(_chat_argv(*addresses), tmp_path, _environment()) as chat:
+            chat.expect("create it? [y/N]: ")
+            chat.type("y")
             chat.expect("you> ")
             chat.type("hello")
             chat.expect("agent> (echo) hello")
@@ -236,7 +244,7 @@ def test_services_killed_mid_chat(tmp_path: Path) -> None:
             server.send_signal(signal.SIGKILL)
             server.wait(timeout=PATIENCE_S)
             chat.type("are you there")
-            chat.expect("error: cannot reach the services")
+            chat.expect("error: nothing answers at")
             chat.expect("you> ")
             chat.type("/quit")
             screen = chat.rest()
@@ -249,3 +257,48 @@ def test_services_killed_mid_chat(tmp_path: Path) -> None:
     assert not [line for line in chat.screen.splitlines() if line.startswith("{")], (
         "a person's terminal gets text log lines, not JSON"
     )
+
+
+@pytest.fixture
+def services_on(database_url: str, loop_thread: EventLoopThread) -> Iterator[tuple[str, str]]:
+    """The services on SQLite and on PostgreSQL."""
+    with (
+        session_server(loop_thread, database_url, auth=GRANTS) as session,
+        delivery_server(loop_thread, database_url, auth=GRANTS) as delivery,
+    ):
+        yield session.address, delivery.address
+
+
+def _agents(session: str) -> list[str]:
+    with SessionClient(session, token="chat-admin") as client:
+        return [agent.name for agent in client.list_agents()]
+
+
+def test_chat_never_creates_an_agent_unasked(tmp_path: Path, services_on: tuple[str, str]) -> None:
+    """Piped input needs --create; a terminal is asked, and no is no."""
+    argv = _chat_argv(*services_on)
+    env = _environment(SWITCHBOARD_TOKEN="chat-admin")
+    piped = subprocess.run(
+        argv, input="hello\n", env=env, cwd=tmp_path, capture_output=True, text=True,
+        timeout=PATIENCE_S,
+    )  # fmt: skip
+    assert piped.returncode == 1, piped.stdout + piped.stderr
+    assert "agent 'main' does not exist: pass --create to create it" in piped.stderr
+    assert "switchboard agent create main" in piped.stderr and "Traceback" not in piped.stderr
+    assert _agents(services_on[0]) == []
+
+    with _terminal(argv, tmp_path, env) as declined:
+        declined.expect("agent 'main' does not exist; create it? [y/N]: ")
+        declined.type("n")
+        screen = declined.rest()
+        assert declined.process.returncode == 1, screen
+    assert "nothing was created" in screen
+    assert _agents(services_on[0]) == []
+
+    created = subprocess.run(
+        [*argv, "--create"], input="hello\n/quit\n", env=env, cwd=tmp_path,
+        capture_output=True, text=True, timeout=PATIENCE_S,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stdout + created.stderr
+    assert "agent> (echo) hello" in created.stdout
+    assert _agents(services_on[0]) == ["main"]

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from switchboard_client import DeliveryClient, SessionClient
 
 from switchboard.auth import parse_tokens
-from switchboard.cli import main
 from switchboard.session.v1 import session_service_pb2 as pb
+from switchboard_cli.main import main
 from tests.harness import EventLoopThread, delivery_server, session_server
 
 GRANTS = parse_tokens("ops=admin;main-only=agents:main")
@@ -86,7 +86,7 @@ def test_log_tail_and_follow(services: Services) -> None:
 
     for later, (token, lines) in enumerate((("ops", "1"), ("main-only", "0")), start=1):
         follow = subprocess.Popen(
-            [sys.executable, "-m", "switchboard", "--log-level", "WARNING", "log", "tail",
+            [sys.executable, "-m", "switchboard_cli", "--log-level", "WARNING", "log", "tail",
              "-n", lines, "--follow", "--agent", "main", "--address", services.session,
              "--token", token],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -167,7 +167,7 @@ def test_rebuild_refuses_a_missing_database(tmp_path: Path) -> None:
     missing = tmp_path / "elsewhere"
     result = CliRunner().invoke(main, ["session", "rebuild", "--data-dir", str(missing)])
     assert result.exit_code != 0
-    assert f"no database file at {missing / 'session.sqlite3'}" in result.output
+    assert f"no session database at {missing / 'session.sqlite3'}" in result.output
     assert not missing.exists(), "nothing was created"
 
 

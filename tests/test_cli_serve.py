@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 from switchboard_client import SessionClient, SwitchboardError
 
-from switchboard.cli import main
+from switchboard_cli.main import main
 from tests.harness import _LISTENING
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ def _served(tmp_path: Path, *options: str, dev: bool = False) -> Iterator[tuple[
     argv = (
         [sys.executable, str(ROOT / "dev.py"), "serve", *served, *options]
         if dev
-        else [sys.executable, "-m", "switchboard", "serve", *served, *options]
+        else [sys.executable, "-m", "switchboard_cli", "serve", *served, *options]
     )
     with log.open("w") as errors:
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True)
@@ -122,7 +122,7 @@ def test_every_option_shows_its_environment_variable() -> None:
     for variable in ("SWITCHBOARD_TOKEN", "SWITCHBOARD_SESSION_ADDRESS",
                      "SWITCHBOARD_DELIVERY_ADDRESS"):  # fmt: skip
         assert variable in top
-    for group in ("session", "delivery", "log"):
+    for group in ("session", "delivery", "log", "agent", "db"):
         for name, command in main.commands[group].commands.items():  # type: ignore[attr-defined]
             text = " ".join(
                 runner.invoke(main, [group, name, "--help"], terminal_width=200).output.split()

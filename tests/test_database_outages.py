@@ -1,5 +1,5 @@
 """A real Postgres restart and a 10 s outage, against server processes as users run
-them (`python -m switchboard serve …`): calls answer OK or UNAVAILABLE (failing fast
+them (`python -m switchboard_cli serve …`): calls answer OK or UNAVAILABLE (failing fast
 while the database is gone), health says NOT_SERVING meanwhile, and both come back
 within seconds of the database, with nothing acknowledged lost.
 """

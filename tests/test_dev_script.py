@@ -85,3 +85,15 @@ def test_every_install_input_changes_the_digest(tmp_path: Path, changed: str) ->
     with (tmp_path / changed).open("a") as edited:
         edited.write("\n")
     assert copy._inputs_digest() != before
+
+
+def test_serve_names_the_checkouts_var_unless_the_caller_named_a_data_directory() -> None:
+    """`switchboard serve` never falls back on the current directory: dev.py names
+    the checkout's var/ for it, and leaves a caller's SWITCHBOARD_DATA_DIR alone."""
+    assert dev.environment("serve", {"PATH": "/bin"}) == {
+        "PATH": "/bin",
+        "SWITCHBOARD_DATA_DIR": str(ROOT / "var"),
+    }
+    chosen = {"SWITCHBOARD_DATA_DIR": "/srv/switchboard"}
+    assert dev.environment("serve", chosen) == chosen
+    assert "SWITCHBOARD_DATA_DIR" not in dev.environment("test", {"PATH": "/bin"})

@@ -1,5 +1,5 @@
 """Red team: a lock held on the table every write needs, under load, against server
-processes as users run them (`python -m switchboard serve …`): Postgres `LOCK TABLE …
+processes as users run them (`python -m switchboard_cli serve …`): Postgres `LOCK TABLE …
 IN ACCESS EXCLUSIVE MODE` on a private database (with and without a database-wide
 `statement_timeout`), and a SQLite file another process holds in `BEGIN EXCLUSIVE`.
 

@@ -1,7 +1,7 @@
 """The Node.js client (clients/node) passes its own tests against the real services.
 
 `npm ci` installs exactly what clients/node/package-lock.json pins, then
-`npm test` (node --test) spawns `python -m switchboard serve all` with this
+`npm test` (node --test) spawns `python -m switchboard_cli serve all` with this
 interpreter and drives both services through the client.
 """
 

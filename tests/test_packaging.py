@@ -30,6 +30,14 @@ def test_the_server_wheel_lists_every_top_level_package() -> None:
     assert sorted(top_level - NOT_SHIPPED) == sorted(packages)
 
 
+def test_the_image_builds_the_wheel_from_every_package_it_lists() -> None:
+    """The Dockerfile copies the tree package by package: one left out is silently
+    missing from the image's wheel."""
+    wheel = _pyproject(ROOT / "pyproject.toml")["tool"]["hatch"]["build"]["targets"]["wheel"]
+    copied = re.findall(r"^COPY (\S+) \./\1$", (ROOT / "k8s" / "Dockerfile").read_text(), re.M)
+    assert sorted(set(wheel["packages"]) - set(copied)) == []
+
+
 def test_one_version_everywhere() -> None:
     assert re.fullmatch(r"\d+\.\d+\.\d+", VERSION)
     for path in (ROOT / "pyproject.toml", ROOT / "clients" / "python" / "pyproject.toml"):

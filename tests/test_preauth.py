@@ -24,11 +24,11 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry, generate_latest
 
 from switchboard.auth import LOG_LINES, LogBudget, check_sendable, parse_tokens
-from switchboard.cli import main
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.observability import RpcMetrics
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
+from switchboard_cli.main import main
 from tests.harness import EventLoopThread, InProcessSession, delivery_server, session_server
 from tests.raw_h2 import MAX_CONCURRENT_STREAMS, RawConnection, call, grpc_frame
 from tests.status import error_reason

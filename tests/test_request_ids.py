@@ -285,7 +285,7 @@ def test_one_group_commit_batch_with_one_id_twice_runs_the_op_once(database_url:
 def test_the_window_is_a_serve_option() -> None:
     from click.testing import CliRunner
 
-    from switchboard.cli import main
+    from switchboard_cli.main import main
 
     result = CliRunner().invoke(main, ["serve", "--help"])
     assert "--request-id-window" in result.output

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from session_service.pii import PiiKeyRefused, read_key
 from switchboard import secret_checks
 from switchboard.auth import check_secret, parse_tokens
-from switchboard.cli import main
+from switchboard_cli.main import main
 from tests.deploy.manifests import secrets
 from tests.harness import postgres_schema, postgres_unreachable_reason
 
@@ -42,7 +42,7 @@ def _start(args: Sequence[str], env: dict[str, str]) -> tuple[int | None, str]:
     then it is stopped) and what it wrote to stderr."""
     with tempfile.TemporaryFile("w+") as errors:
         process = subprocess.Popen(
-            [sys.executable, "-m", "switchboard", "--log-format", "text", *args],
+            [sys.executable, "-m", "switchboard_cli", "--log-format", "text", *args],
             stdout=subprocess.PIPE,
             stderr=errors,
             text=True,

@@ -248,7 +248,7 @@ def start_refused(url: str, data_dir: Path, *flags: str) -> tuple[int, str]:
         [
             sys.executable,
             "-m",
-            "switchboard",
+            "switchboard_cli",
             "serve",
             "delivery",
             "--delivery-listen",

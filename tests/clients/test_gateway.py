@@ -224,7 +224,7 @@ def test_a_platform_down_during_recovery_keeps_its_budget(services: Services) ->
 def test_the_repl_transport(services: Services) -> None:
     chat = subprocess.run(
         [
-            sys.executable, "-m", "switchboard", "chat", "--agent", "main",
+            sys.executable, "-m", "switchboard_cli", "chat", "--agent", "main",
             "--session-address", services.session_address,
             "--delivery-address", services.delivery_address,
         ],

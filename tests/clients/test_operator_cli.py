@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 from click.testing import CliRunner
 from switchboard_client import DeliveryClient, SessionClient
 
 from switchboard.auth import parse_tokens
-from switchboard.cli import main
+from switchboard_cli.main import main
 from tests.harness import EventLoopThread, delivery_server, session_server
 
 GRANTS = parse_tokens("root=admin")
@@ -31,14 +33,19 @@ def test_operator_commands(tmp_path: Path, loop_thread: EventLoopThread) -> None
                 main, [*args, "--token", "root"], input=answer, catch_exceptions=False
             )
             assert result.exit_code == 0, result.output
-            return result.output
+            return result.stdout
 
         address = ["--address", session.address]
         assert "main" in run("session", "agents", *address)
-        assert '"name": "main"' in run("session", "agent", "main", *address)
-        assert '"routingKey": "agent:main:web:id=tab"' in run(
-            "session", "show", "main", first.session_id, *address
-        )
+        shown = run("session", "agent", "main", *address)
+        assert re.search(r"│ name\s+│ main\s+│", shown), "a table for people"
+        assert json.loads(run("session", "agent", "main", *address, "-o", "json"))["name"] == "main"
+        state = run("session", "show", "main", first.session_id, *address)
+        assert re.search(r"│ routing key\s+│ agent:main:web:id=tab\s+│", state), state
+        assert "routingKey" not in state and "{" not in state
+        scripted = json.loads(run("session", "show", "main", first.session_id, *address,
+                                  "--output", "json"))  # fmt: skip
+        assert scripted["session"]["routing_key"] == "agent:main:web:id=tab", "snake_case fields"
         assert first.session_id in run("session", "sessions", "main", *address)
         assert "checkpoint before at sequence" in run("session", "checkpoint", "before", *address)
         later = sessions.resolve("main", transport="web", conversation_id="later").session
@@ -59,8 +66,9 @@ def test_operator_commands(tmp_path: Path, loop_thread: EventLoopThread) -> None
         row = ledger.record(
             instance.instance_id, session_key="k", content="hi", platform="slack", chat_id="C1"
         ).obligation
-        assert f'"id": "{row.id}"' in run("delivery", "obligation", row.id, "--address",
-                                          delivery.address)  # fmt: skip
+        one = ["delivery", "obligation", row.id, "--address", delivery.address]
+        assert re.search(rf"│ id\s+│ {row.id}\s+│", run(*one))
+        assert json.loads(run(*one, "-o", "json"))["session_key"] == "k"
         listed = run("delivery", "obligations", "--address", delivery.address)
         assert "PENDING" in listed and "slack" in listed
         assert "PENDING" in run("delivery", "stats", "--address", delivery.address)

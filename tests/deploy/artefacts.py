@@ -26,7 +26,13 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVER_PACKAGES = ("switchboard", "session_service", "delivery_service")
+SERVER_PACKAGES = (
+    "switchboard",
+    "session_service",
+    "delivery_service",
+    "switchboard_console",
+    "switchboard_cli",
+)
 CLIENT_PACKAGE = "clients/python/switchboard_client"
 STUB_SUFFIXES = ("_pb2.py", "_pb2_grpc.py", "_pb2.pyi", "_pb2_grpc.pyi")
 _LISTENING = re.compile(r"(\w+Service) listening on (\S+)")
@@ -148,7 +154,7 @@ class ServeAll:
 @contextmanager
 def serve_all(switchboard: Path, workdir: Path, *extra: str) -> Iterator[ServeAll]:
     command = [
-        str(switchboard), "serve", "all",
+        str(switchboard), "serve", "all", "--data-dir", str(workdir / "var"),
         "--session-listen", "127.0.0.1:0", "--delivery-listen", "127.0.0.1:0",
         "--drain-grace", "5", *extra,
     ]  # fmt: skip

@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-PACKAGES = ("switchboard", "switchboard_client", "session_service", "delivery_service")
+PACKAGES = (
+    "switchboard",
+    "switchboard_client",
+    "session_service",
+    "delivery_service",
+    "switchboard_cli",
+)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

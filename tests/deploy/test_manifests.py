@@ -21,7 +21,7 @@ import pytest
 
 from delivery_service.app import DeliveryUnit
 from session_service.app import SessionUnit
-from switchboard.cli import main
+from switchboard_cli.main import main
 from tests.deploy.artefacts import health_status, wait_serving
 from tests.deploy.manifests import Workload, secrets, services, workloads
 from tests.harness import postgres_schema, postgres_unreachable_reason
@@ -149,7 +149,7 @@ def started(
     """The workload's command line as a process: yields the address and database URL it
     announced; afterwards it must stop on SIGTERM with exit code 0 within the grace."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "switchboard", *local_args(workload)],
+        [sys.executable, "-m", "switchboard_cli", *local_args(workload)],
         cwd=cwd,
         env={**os.environ, **environment},
         stdout=subprocess.PIPE,

@@ -138,7 +138,7 @@ def test_client_only_install_imports_the_client_and_nothing_of_the_server(
     assert {name: path for name, path in origins.items() if not path.startswith(site)} == {}
     absent = (
         "import importlib.util as u, json\n"
-        "names = ['session_service', 'delivery_service', 'switchboard.cli', 'peewee',"
+        "names = ['session_service', 'delivery_service', 'switchboard_cli', 'peewee',"
         " 'psycopg2', 'grpc_tools', 'click']\n"
         "print(json.dumps([n for n in names if u.find_spec(n) is not None]))"
     )
@@ -193,7 +193,7 @@ def test_installed_server_serves_from_an_empty_directory_and_stops_on_sigterm(
         assert result["delivery"]["claimed"] == [result["delivery"]["recorded"]]
         site = str(installed.client_venv.site_packages())
         assert all(path.startswith(site) for path in result["modules"].values() if path != "None")
-        # The default data directory is ./var of wherever it was started.
+        # The data directory serve_all names (there is no default one).
         assert {"delivery.sqlite3", "session.sqlite3"} <= set(os.listdir(workdir / "var"))
         code = server.terminate()
     assert code == 0, "".join(server.output)

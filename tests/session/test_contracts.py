@@ -14,9 +14,10 @@ from switchboard_client import SessionClient, SwitchboardError
 
 from session_service.checks import _LOGGED_EVENT_OVERHEAD, MAX_EVENTS_PER_APPEND
 from session_service.core import SessionLimits
-from switchboard import cli, pagination
+from switchboard import pagination
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
+from switchboard_cli.main import main
 from tests.harness import InProcessSession
 from tests.session.conftest import (
     StartSession,
@@ -347,14 +348,14 @@ def test_the_log_command_prints_the_filtered_log(service: InProcessSession) -> N
     append(service.stub, session_id, user_message("hello"))
     runner = CliRunner()
     shown = runner.invoke(
-        cli.main,
+        main,
         ["session", "log", "--address", service.address, "--type", "message_appended", "--json"],
     )
     assert shown.exit_code == 0, shown.output
     [line] = shown.stdout.splitlines()  # the in-process server logs to stderr
     entry = json.loads(line)
-    assert entry["event"]["messageAppended"]["message"]["content"] == "hello"
-    table = runner.invoke(cli.main, ["session", "log", "--address", service.address])
+    assert entry["event"]["message_appended"]["message"]["content"] == "hello"  # snake_case
+    table = runner.invoke(main, ["session", "log", "--address", service.address])
     assert table.exit_code == 0, table.output
     assert "session_opened" in table.output and "message_appended" in table.output
 

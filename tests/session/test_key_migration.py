@@ -257,7 +257,7 @@ def test_the_report_is_logged_once_at_start(
 
 def _key_report(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "switchboard", "--log-format", "text", "session", "key-report",
+        [sys.executable, "-m", "switchboard_cli", "--log-format", "text", "session", "key-report",
          "--database-url", url, *args],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env=dict(os.environ),
     )  # fmt: skip
@@ -294,7 +294,7 @@ def test_a_rebuild_after_the_upgrade_finds_the_projections_as_migrated(
 def test_switchboard_session_rebuild_finds_the_migrated_rows(old_database: str) -> None:
     """The operator's rebuild on the old database: it migrates, then replays the log."""
     rebuilt = subprocess.run(
-        [sys.executable, "-m", "switchboard", "--log-format", "text", "session", "rebuild",
+        [sys.executable, "-m", "switchboard_cli", "--log-format", "text", "session", "rebuild",
          "--database-url", old_database],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env=dict(os.environ),
     )  # fmt: skip

@@ -105,7 +105,7 @@ def test_keys_come_from_a_file_or_the_environment_once(tmp_path: Path) -> None:
 
 def _serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> Any:
     return subprocess.run(
-        [sys.executable, "-m", "switchboard", "--log-format", "text", "serve", "session",
+        [sys.executable, "-m", "switchboard_cli", "--log-format", "text", "serve", "session",
          "--session-listen", "127.0.0.1:0", "--data-dir", str(tmp_path), *args],
         capture_output=True, text=True, timeout=60, check=False,
         env={"PATH": "/usr/bin:/bin", **(env or {})},
@@ -124,7 +124,7 @@ def test_serve_refuses_a_short_key_and_a_key_on_the_command_line(tmp_path: Path)
 
 def test_serve_lists_both_ways_of_giving_the_key(tmp_path: Path) -> None:
     shown = subprocess.run(
-        [sys.executable, "-m", "switchboard", "serve", "--help"],
+        [sys.executable, "-m", "switchboard_cli", "serve", "--help"],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     flat = " ".join(shown.split())

@@ -86,7 +86,15 @@ def test_rebuild_command_reports_identical_projections(
     session_id = resolve(service.stub, **web()).session.session_id
     append(service.stub, session_id, user_message("hi"))
     result = subprocess.run(
-        [sys.executable, "-m", "switchboard", "session", "rebuild", "--database-url", database_url],
+        [
+            sys.executable,
+            "-m",
+            "switchboard_cli",
+            "session",
+            "rebuild",
+            "--database-url",
+            database_url,
+        ],
         capture_output=True,
         text=True,
         timeout=120,

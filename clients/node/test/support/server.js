@@ -32,7 +32,7 @@ export function pythonExecutable() {
 }
 
 /**
- * Spawns `python -m switchboard serve all` on free ports and waits for "ready".
+ * Spawns `python -m switchboard_cli serve all` on free ports and waits for "ready".
  * @returns {Promise<RunningServices>}
  */
 export async function startServices() {
@@ -40,7 +40,7 @@ export async function startServices() {
   const child = spawn(
     pythonExecutable(),
     [
-      '-m', 'switchboard', 'serve', 'all',
+      '-m', 'switchboard_cli', 'serve', 'all',
       '--session-listen', '127.0.0.1:0',
       '--delivery-listen', '127.0.0.1:0',
       '--data-dir', dataDir,

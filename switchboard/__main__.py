@@ -1,3 +1,0 @@
-from switchboard.cli import main
-
-main()

@@ -1,0 +1,3 @@
+from switchboard_cli.main import main
+
+main()
