@@ -141,13 +141,18 @@ def test_every_data_command_prints_snake_case_json_lines(deployment: Deployment)
         "db migrate": d.run("db", "migrate", *urls, "-o", "json"),
         "db status": d.run("db", "status", *urls, "-o", "json"),
         "session rebuild": d.run("session", "rebuild", "--database-url", url, "-o", "json"),
+        "session key-report": d.run(
+            "session", "key-report", "--database-url", url, "--all", "-o", "json"
+        ),
     }
     every = {" ".join(path) for path in _commands(main)}
     assert every - set(printed) == set(), "a data command this test does not run"
+    # A fresh database's routing-key report lists no session: no lines at all.
+    assert printed.pop("session key-report").stdout == ""
     parsed = {name: _json_lines(result.stdout) for name, result in printed.items()}
     for name, records in parsed.items():
         assert _snake_case_keys(records) == [], name
-    assert parsed["session show"][0]["session"]["routing_key"] == "agent:main:web:t"
+    assert parsed["session show"][0]["session"]["routing_key"] == "agent:main:web:id=t"
     assert [m["message"]["content"] for m in parsed["session history"]] == ["hello"]
     assert parsed["session show"][0]["inbox"][0]["message"]["content"] == "waiting"
     assert parsed["agent show"][0]["memory"] == {"tone": "dry"}
@@ -163,7 +168,7 @@ def test_every_data_command_prints_snake_case_json_lines(deployment: Deployment)
 def test_tables_for_people(deployment: Deployment) -> None:
     d = deployment
     shown = d.run("session", "show", "main", d.session_id).stdout
-    assert re.search(r"│ routing key\s+│ agent:main:web:t\s+│", shown)
+    assert re.search(r"│ routing key\s+│ agent:main:web:id=t\s+│", shown)
     assert re.search(r"│ inbox\s+│ \d+ user: waiting\s+│", shown)
     assert "{" not in shown, "no JSON for people"
     agent = d.run("agent", "show", "main").stdout
