@@ -374,7 +374,7 @@ def compose(engine: engines.Engine) -> list[str]:
     return command
 
 
-COMPOSE_TOKENS = "compose-admin=admin"
+COMPOSE_TOKENS = "compose-admin-token-7c1e=admin"
 COMPOSE_REPLICAS = {
     "session-1": ("SESSION_1_PORT", "switchboard.session.v1.SessionService"),
     "session-2": ("SESSION_2_PORT", "switchboard.session.v1.SessionService"),
@@ -404,10 +404,10 @@ def test_the_compose_deployment_answers_through_its_gateway_on_every_replica(
                      map(str, _free_ports(5)), strict=True))  # fmt: skip
     settings = {
         **ports,
-        "POSTGRES_PASSWORD": "compose-test-password",
+        "POSTGRES_PASSWORD": "compose-test-7f3a9c1e",
         "SWITCHBOARD_AUTH_TOKENS": COMPOSE_TOKENS,
         # The gateway creates its agent at the first start: an admin token.
-        "SWITCHBOARD_GATEWAY_TOKEN": "compose-admin",
+        "SWITCHBOARD_GATEWAY_TOKEN": "compose-admin-token-7c1e",
     }
     with brought_up(engine, compose, settings) as project:
         project.wait_healthy(["postgres", *COMPOSE_REPLICAS, "gateway"], COMPOSE_HEALTHY_S)
@@ -419,12 +419,12 @@ def test_the_compose_deployment_answers_through_its_gateway_on_every_replica(
 
         assert answer == {"reply": "(echo) hi [0 earlier messages in this conversation]"}
         for name in ("session-1", "session-2"):
-            with SessionClient(addresses[name], token="compose-admin") as sessions:
+            with SessionClient(addresses[name], token="compose-admin-token-7c1e") as sessions:
                 (only,) = sessions.list_sessions("main")
                 said = [m.message.content for m in sessions.history("main", only.session_id)]
             assert said == ["hi", answer["reply"]], name
         for name in ("delivery-1", "delivery-2"):
-            with DeliveryClient(addresses[name], token="compose-admin") as ledger:
+            with DeliveryClient(addresses[name], token="compose-admin-token-7c1e") as ledger:
                 rows = [(row.content, row.state) for row in ledger.list(platform="loopback")]
             assert rows == [(answer["reply"], dpb.OBLIGATION_STATE_DELIVERED)], name
         with pytest.raises(SwitchboardError) as refused:  # the tokens reached the services
