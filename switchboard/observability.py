@@ -62,7 +62,7 @@ class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
 
     Why: an access line per call, written and flushed alone, cost a write(2) per RPC
     and woke whatever reads the pipe (a log collector) as often. Batched, a busy
-    server writes ten times a second (`python -m bench.feature_costs` measures what
+    server writes ten times a second (`python -m bench --only feature-costs` measures what
     the access log still costs). The price: a process killed with SIGKILL loses up to
     `interval` s of INFO lines; an orderly exit (SIGTERM, `logging.shutdown`) writes
     them all.
@@ -71,7 +71,7 @@ class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
     def __init__(self, interval: float = FLUSH_INTERVAL_S) -> None:
         super().__init__(_buffered_stderr())
         self.interval = interval
-        self._closed = threading.Event()
+        self._stopping = threading.Event()
         threading.Thread(target=self._flush_every_interval, name="log-flush", daemon=True).start()
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -83,11 +83,11 @@ class BatchingStreamHandler(logging.StreamHandler):  # type: ignore[type-arg]
             self.handleError(record)
 
     def _flush_every_interval(self) -> None:
-        while not self._closed.wait(self.interval):
+        while not self._stopping.wait(self.interval):
             self.flush()
 
     def close(self) -> None:
-        self._closed.set()
+        self._stopping.set()
         self.flush()
         super().close()
 

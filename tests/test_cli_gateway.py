@@ -130,7 +130,7 @@ def test_each_posted_message_is_answered_recorded_and_delivered(
     ], "one ledger row per inbound message, each delivered"
     assert rows[0].message_ref == "42:1" and rows[0].content == first[1]["reply"]
     with SessionClient(services.session, token="gw-admin") as sessions:
-        (dm,) = [s for s in sessions.list_sessions("main") if s.routing_key.endswith(":42")]
+        (dm,) = [s for s in sessions.list_sessions("main") if s.routing_key.endswith(":c=42")]
         said = [m.message.content for m in sessions.history("main", dm.session_id)]
     assert said == ["hello", first[1]["reply"], "still there?", second[1]["reply"]]
 

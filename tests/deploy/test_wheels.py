@@ -211,6 +211,8 @@ def test_client_side_suite_passes_against_the_installed_wheels(
     readme.parent.mkdir(parents=True)
     readme.write_bytes((installed.tree / "clients" / "python" / "README.md").read_bytes())
     (suite / "pyproject.toml").write_bytes((installed.tree / "pyproject.toml").read_bytes())
+    # The published key vectors the clients' key builders are checked against (data).
+    shutil.copytree(installed.tree / "protos" / "testdata", suite / "protos" / "testdata")
     origins_file = tmp_path / "origins.json"
     result = subprocess.run(
         [str(installed.server_venv.python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
