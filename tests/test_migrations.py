@@ -27,6 +27,8 @@ from delivery_service.migrations import DELIVERY_SCHEMA
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
 from session_service.app import SessionUnit
+from session_service.erasure_store import ErasureStore
+from session_service.framework_projection import FrameworkProjection
 from session_service.log_store import LogStore
 from session_service.migrations import BASELINE_MODELS as SESSION_BASELINE
 from session_service.migrations import SESSION_SCHEMA
@@ -53,7 +55,8 @@ def backend(database_url: str) -> Iterator[Backend]:
 
 def _store_models(backend: Backend, component: migrations.Component) -> list[Any]:
     if component is SESSION_SCHEMA:
-        return list(LogStore(backend).models)
+        framework = FrameworkProjection(backend).models + ErasureStore(backend).models
+        return [*LogStore(backend).models, *framework]
     store = LedgerStore(backend, LedgerLimits())
     return [store.Instance, store.Obligation]
 
