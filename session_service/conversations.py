@@ -366,7 +366,8 @@ class Conversations:
             self.core.redact_senders(agent, events)
             self._refuse_state_growth_past_limit(session_id, events)
             # Hook (issue 23): the deltas' StateChanged events, after the events.
-            changed = self.scoped.events(agent, index, deltas, index.version + len(events) + 1)
+            first = index.version + len(events) + 1
+            changed = self.scoped.events(agent, index, deltas, first, "state_deltas")
             logged = self.core.log(now, events + changed, index)
             sequences = [event.sequence for event in logged]
             version = index.version + len(events) + sum(1 for e in changed if e.session_id)

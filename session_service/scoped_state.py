@@ -122,6 +122,7 @@ class ScopedState:
         index: SessionIndex | None,
         deltas: Sequence[StateChanged],
         first_version: int,
+        field_name: str = "deltas",
     ) -> list[Event]:
         """The StateChanged events of checked deltas, in the caller's write transaction
         (under the log's lock): SESSION-scoped ones the session's, numbered on from
@@ -133,7 +134,7 @@ class ScopedState:
             redactor = self.core.redactor_for(self.agents.live_agent_summary(agent).settings)
         events, version = [], first_version
         for number, delta in enumerate(deltas):
-            change = self._stored(number, delta, index, user, redactor)
+            change = self._stored(f"{field_name}[{number}]", delta, index, user, redactor)
             if change.scope == StateScope.SESSION:
                 assert index is not None
                 events.append(
@@ -158,7 +159,7 @@ class ScopedState:
 
     def _stored(
         self,
-        number: int,
+        name: str,
         delta: StateChanged,
         index: SessionIndex | None,
         session_user: str,
@@ -166,7 +167,6 @@ class ScopedState:
     ) -> StateChanged:
         """The change as logged: its user resolved (the session's) and stored as the
         agent stores user ids."""
-        name = f"deltas[{number}]"
         if delta.scope == StateScope.SESSION and index is None:
             raise InvalidArgument(
                 "session_id", f"{name} is SESSION-scoped: name the session it changes"
