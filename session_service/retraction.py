@@ -48,14 +48,15 @@ class Retraction:
         expected_version: int | None,
         newest_count: int,
         sequences: Sequence[int],
-    ) -> tuple[list[QueuedMessage], int, int]:
+    ) -> tuple[list[QueuedMessage], int, int, str]:
         """(the retracted messages oldest first, the version, the event's sequence or 0
-        when there was nothing to retract)."""
+        when there was nothing to retract, the session): the write's own result, so that
+        a request id's stored answer is built from it."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         _checked_choice(newest_count, sequences)
 
-        def op(now: float) -> tuple[list[QueuedMessage], int, int]:
+        def op(now: float) -> tuple[list[QueuedMessage], int, int, str]:
             index = self.core.open_session_of(agent, session_id)
             refuse_stale(index, expected_version)
             lineage = self.core.summary(session_id, index).lineage
@@ -65,7 +66,7 @@ class Retraction:
             else:
                 events = self._named(session_id, sequences)
             if not events:
-                return [], index.version, 0
+                return [], index.version, 0, session_id
             retracted = MessagesRetracted(sequences=[e.sequence for e in reversed(events)])
             event = Event(
                 agent=agent,
@@ -79,9 +80,9 @@ class Retraction:
                 for e in events
                 if isinstance(e.body, MessageAppended)
             ]
-            return messages, index.version + 1, logged.sequence
+            return messages, index.version + 1, logged.sequence, session_id
 
-        result: tuple[list[QueuedMessage], int, int] = await self.core.write(op)
+        result: tuple[list[QueuedMessage], int, int, str] = await self.core.write(op)
         return result
 
     def _newest(self, session_id: str, count: int, shared: bool) -> list[Event]:

@@ -212,8 +212,8 @@ class ScopedState:
         session_id: str,
         expected_version: int | None,
         deltas: Sequence[StateChanged],
-    ) -> tuple[list[int], int]:
-        """UpdateState: (the events' sequences, the session's version or 0)."""
+    ) -> tuple[list[int], int, str]:
+        """UpdateState: (the events' sequences, the session's version or 0, the session)."""
         agent_name("agent", agent)
         if session_id:
             checked_session_id(session_id)
@@ -223,7 +223,7 @@ class ScopedState:
             "deltas", deltas, self.core.limits.max_state_value_bytes, allow_none=False
         )
 
-        def op(now: float) -> tuple[list[int], int]:
+        def op(now: float) -> tuple[list[int], int, str]:
             self.agents.live_agent_summary(agent)
             index = self.core.open_session_of(agent, session_id) if session_id else None
             if index is not None:
@@ -233,9 +233,9 @@ class ScopedState:
             logged = self.core.log(now, events, index)
             session_events = sum(1 for e in logged if e.session_id)
             version = index.version + session_events if index is not None else 0
-            return [event.sequence for event in logged], version
+            return [event.sequence for event in logged], version, session_id
 
-        result: tuple[list[int], int] = await self.core.write(op)
+        result: tuple[list[int], int, str] = await self.core.write(op)
         return result
 
     # -- reads ------------------------------------------------------------------------------

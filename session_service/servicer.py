@@ -592,14 +592,13 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def RetractMessages(  # noqa: N802
         self, request: pb.RetractMessagesRequest, context: Context
     ) -> tuple[list[records.QueuedMessage], int, int, str]:
-        messages, version, sequence = await self.retraction.retract(
+        return await self.retraction.retract(
             request.agent,
             request.session_id,
             _optional(request, "expected_version"),
             request.newest_count,
             list(request.sequences),
         )
-        return messages, version, sequence, request.session_id
 
     @mutation(
         lambda done: pb.UpdateStateResponse(sequences=done[0], version=done[1], session_id=done[2])
@@ -607,13 +606,12 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def UpdateState(  # noqa: N802
         self, request: pb.UpdateStateRequest, context: Context
     ) -> tuple[list[int], int, str]:
-        sequences, version = await self.scoped_state.update(
+        return await self.scoped_state.update(
             request.agent,
             request.session_id,
             _optional(request, "expected_version"),
             _deltas(request.deltas),
         )
-        return sequences, version, request.session_id
 
     async def GetUserState(  # noqa: N802
         self, request: pb.GetUserStateRequest, context: Context
@@ -627,14 +625,13 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def PutRecords(  # noqa: N802
         self, request: pb.PutRecordsRequest, context: Context
     ) -> tuple[int, int, str]:
-        sequence, version = await self.stored_records.put(
+        return await self.stored_records.put(
             request.agent,
             request.session_id,
             [_record_input(record) for record in request.records],
             request.versioned,
             _optional(request, "expected_version"),
         )
-        return sequence, version, request.session_id
 
     async def GetRecord(  # noqa: N802
         self, request: pb.GetRecordRequest, context: Context

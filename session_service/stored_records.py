@@ -154,8 +154,8 @@ class StoredRecords:
         records: Sequence[StoredRecord],
         versioned: bool,
         expected_version: int | None,
-    ) -> tuple[int, int]:
-        """(the RecordsPut event's sequence, the session's version after it)."""
+    ) -> tuple[int, int, str]:
+        """(the RecordsPut event's sequence, the session's version after it, the session)."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         if not records or len(records) > MAX_RECORDS_PER_CALL:
@@ -179,7 +179,7 @@ class StoredRecords:
                 reason="RECORDS_CALL_TOO_LARGE",
             )
 
-        def op(now: float) -> tuple[int, int]:
+        def op(now: float) -> tuple[int, int, str]:
             index = self.core.open_session_of(agent, session_id)
             if versioned:
                 refuse_stale(index, expected_version)
@@ -191,9 +191,9 @@ class StoredRecords:
                 body=RecordsPut(records=checked),
             )
             [logged] = self.core.log(now, [event], index)
-            return logged.sequence, version
+            return logged.sequence, version, session_id
 
-        result: tuple[int, int] = await self.core.write(op)
+        result: tuple[int, int, str] = await self.core.write(op)
         return result
 
     async def get(
