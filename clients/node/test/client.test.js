@@ -190,6 +190,7 @@ describe('what agent frameworks store', () => {
     assert.deepEqual(user.state, { lang: '"fr"' });
     const popped = await sessions.retractMessages({ ...ids, newestCount: 1 });
     assert.deepEqual(popped.messages.map((m) => m.message.content), ['hi']);
+    assert.deepEqual((await sessions.getHistory(ids)).messages, [], 'popped: no longer history');
 
     await sessions.putRecords({ ...ids, records: [{ kind: 'checkpoint', key: 'c1', payload: Buffer.from('blob') }] });
     const { record } = await sessions.getRecord({ ...ids, kind: 'checkpoint', key: 'c1' });
