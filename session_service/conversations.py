@@ -67,7 +67,7 @@ class Conversations:
         self.runner = core.runner
         # Hooks (issue 23): state deltas with appends; erased ids and keys remembered.
         self.scoped = ScopedState(core, agents)
-        self.erased = ErasureStore(core.store.backend)
+        self.erased = ErasureStore(core.store.backend, core.redactor)
 
     def open_session(
         self,
@@ -367,7 +367,9 @@ class Conversations:
             self._refuse_state_growth_past_limit(session_id, events)
             # Hook (issue 23): the deltas' StateChanged events, after the events.
             first = index.version + len(events) + 1
-            changed = self.scoped.events(agent, index, deltas, first, "state_deltas")
+            changed = (
+                self.scoped.events(agent, index, deltas, first, "state_deltas") if deltas else []
+            )
             logged = self.core.log(now, events + changed, index)
             sequences = [event.sequence for event in logged]
             version = index.version + len(events) + sum(1 for e in changed if e.session_id)

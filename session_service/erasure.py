@@ -110,7 +110,7 @@ class Erasures:
     def __init__(self, core: Core) -> None:
         self.core = core
         self.store = core.store
-        self.erased = ErasureStore(core.store.backend)
+        self.erased = ErasureStore(core.store.backend, core.redactor)
         self.framework = core.projection.framework
         self.records = core.projection.framework.records
 

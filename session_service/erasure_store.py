@@ -8,8 +8,9 @@
   answers of request ids that name it (`session_request_subject` says which: the
   sessions a request or its answer names, written with the answer).
 - Remembers: `session_erased_id` (erased session ids) and `session_erased_key`
-  (a digest of each erased routing key, never the key: it holds user ids), so
-  that resolving or spawning them again is refused unless asked for.
+  (a digest of each erased routing key, keyed with the PII key when the server has
+  one, never the key: it holds user ids), so that resolving or spawning them again
+  is refused unless asked for.
 
 On SQLite the session database runs with `secure_delete` on (freed pages and
 cells are zeroed), and `checkpoint_wal` empties the write-ahead log afterwards.
@@ -17,13 +18,12 @@ cells are zeroed), and `checkpoint_wal` empties the write-ahead log afterwards.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import peewee
 
-from session_service import storage_format
+from session_service import pii, storage_format
 from session_service.records import Erased, Event
 from switchboard.database import Backend, bind_model
 from switchboard.sqlite_backend import SqliteBackend
@@ -63,10 +63,6 @@ class RequestSubjectRow(peewee.Model):
         primary_key = peewee.CompositeKey("session_id", "principal", "request_id")
 
 
-def key_digest(routing_key: str) -> str:
-    return hashlib.sha256(routing_key.encode()).hexdigest()
-
-
 def tombstone(seq: int, agent: str, session_id: str) -> bytes:
     """An erased row's payload: its place in the log, nothing of what it said."""
     return storage_format.encode_event(
@@ -75,8 +71,9 @@ def tombstone(seq: int, agent: str, session_id: str) -> bytes:
 
 
 class ErasureStore:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, redactor: pii.Redactor) -> None:
         self.backend = backend
+        self.redactor = redactor
         self.database: Any = backend.database
         self.ErasedId = bind_model(ErasedIdRow, self.database)
         self.ErasedKey = bind_model(ErasedKeyRow, self.database)
@@ -102,9 +99,14 @@ class ErasureStore:
     def erased_key(self, agent: str, routing_key: str) -> int | None:
         row = self._run(
             "SELECT erased_seq FROM session_erased_key WHERE agent = ? AND key_digest = ?",
-            [agent, key_digest(routing_key)],
+            [agent, self._digest(routing_key)],
         ).fetchone()
         return None if row is None else int(row[0])
+
+    def _digest(self, routing_key: str) -> str:
+        """A routing key as remembered: a digest keyed like redacted ids (a plain one
+        of a key holding a short user id gives the id away to brute force)."""
+        return self.redactor.digest(routing_key, chars=64)
 
     def remember(self, agent: str, session_id: str, routing_key: str, seq: int) -> None:
         self._run(
@@ -116,7 +118,7 @@ class ErasureStore:
             self._run(
                 "INSERT INTO session_erased_key (agent, key_digest, erased_seq) VALUES (?, ?, ?) "
                 "ON CONFLICT (agent, key_digest) DO UPDATE SET erased_seq = excluded.erased_seq",
-                [agent, key_digest(routing_key), seq],
+                [agent, self._digest(routing_key), seq],
             )
 
     def forget_id(self, session_id: str) -> None:
@@ -126,7 +128,7 @@ class ErasureStore:
     def forget_key(self, agent: str, routing_key: str) -> None:
         self._run(
             "DELETE FROM session_erased_key WHERE agent = ? AND key_digest = ?",
-            [agent, key_digest(routing_key)],
+            [agent, self._digest(routing_key)],
         )
 
     # -- rewriting the log ------------------------------------------------------------------

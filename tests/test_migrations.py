@@ -32,6 +32,7 @@ from session_service.framework_projection import FrameworkProjection
 from session_service.log_store import LogStore
 from session_service.migrations import BASELINE_MODELS as SESSION_BASELINE
 from session_service.migrations import SESSION_SCHEMA
+from session_service.pii import Redactor
 from switchboard import migrations
 from switchboard.database import Backend, DatabaseSettings, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
@@ -55,7 +56,8 @@ def backend(database_url: str) -> Iterator[Backend]:
 
 def _store_models(backend: Backend, component: migrations.Component) -> list[Any]:
     if component is SESSION_SCHEMA:
-        framework = FrameworkProjection(backend).models + ErasureStore(backend).models
+        erasure = ErasureStore(backend, Redactor())
+        framework = FrameworkProjection(backend).models + erasure.models
         return [*LogStore(backend).models, *framework]
     store = LedgerStore(backend, LedgerLimits())
     return [store.Instance, store.Obligation]
