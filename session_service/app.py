@@ -14,6 +14,7 @@ from prometheus_client.metrics_core import Metric
 
 from session_service import key_migration, pii, recovery
 from session_service.core import Core, SessionLimits
+from session_service.erasure_store import REQUEST_SUBJECTS
 from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
 from session_service.servicer import SessionServicer
@@ -94,6 +95,8 @@ class SessionUnit:
         redactor = pii.Redactor(pii_key)
         if not redactor.keyed:
             log.warning(pii.UNKEYED_WARNING)
+        # Erasure leaves no copy of erased content in free pages (see `erasure`).
+        database = replace(database, sqlite_secure_delete=True)
         backend = open_backend(database)
         migrations.prepare(backend, SESSION_SCHEMA, migrate_behind=migrate)
         wanted = limits or SessionLimits()
@@ -107,6 +110,7 @@ class SessionUnit:
             SESSION_REQUESTS,
             self.limits.request_id_window_s,
             fingerprint_key=redactor.fingerprint_key(),
+            subject_table=REQUEST_SUBJECTS,  # what erasure finds remembered answers by
         )
         self.core = Core(self.runner, self.store, self.limits, redactor)
         self.head = recovery.verify(self.core)

@@ -19,6 +19,7 @@ from session_service.checks import (
     refuse_unanswerable,
 )
 from session_service.core import Core
+from session_service.erasure_store import ErasureStore
 from session_service.log_store import SessionIndex, session_entity
 from session_service.records import (
     Event,
@@ -35,12 +36,20 @@ from session_service.records import (
     SessionOpened,
     SessionStatus,
     Source,
+    StateChanged,
     Task,
     TaskSet,
     TempStateChanged,
 )
+from session_service.scoped_state import ScopedState, checked_deltas
 from switchboard import validation
-from switchboard.errors import Aborted, AlreadyExists, FailedPrecondition, InvalidArgument
+from switchboard.errors import (
+    Aborted,
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+)
 
 #: The events that make a session's state bigger; history messages do not enter it.
 _STATE_GROWING = (InboxPosted, OutboxQueued, TaskSet, TempStateChanged)
@@ -56,6 +65,9 @@ class Conversations:
         self.agents = agents
         self.store = core.store
         self.runner = core.runner
+        # Hooks (issue 23): state deltas with appends; erased ids and keys remembered.
+        self.scoped = ScopedState(core, agents)
+        self.erased = ErasureStore(core.store.backend, core.redactor)
 
     def open_session(
         self,
@@ -89,7 +101,16 @@ class Conversations:
         self.core.log(now, [event])
         return self.core.summary(session_id)
 
-    async def resolve(self, agent: str, source: Source, session_id: str) -> tuple[Session, bool]:
+    async def resolve(
+        self,
+        agent: str,
+        source: Source,
+        session_id: str,
+        lookup_only: bool = False,
+        reopen_erased: bool = False,
+    ) -> tuple[Session, bool]:
+        """`lookup_only`: answer the routed session or NOT_FOUND, writing nothing;
+        `reopen_erased`: open a new session on a key whose session was erased."""
         agent_name("agent", agent)
         if session_id:
             checked_session_id(session_id)
@@ -101,6 +122,22 @@ class Conversations:
 
             return await self.runner.read(join, consistent=True)  # the agent's row, the session's
         source = routing.checked_source(source, agent)
+
+        def look() -> tuple[Session, bool]:
+            settings = self.agents.live_agent_summary(agent).settings
+            stored = routing.stored_source(source, self.core.redactor_for(settings))
+            policy = settings.routing if settings else None
+            key = routing.routing_key(agent, stored, policy)
+            existing = self.routed_session(agent, key, source, stored, policy)
+            if existing is None:
+                raise NotFound(
+                    "SESSION_NOT_FOUND",
+                    f"agent {agent!r} has no session for this source (routing key {key!r})",
+                )
+            return self.core.summary(existing.session_id, existing), False
+
+        if lookup_only:  # hook (issue 23): a read, never a write
+            return await self.runner.read(look, consistent=True)
 
         def op(now: float) -> tuple[Session, bool]:
             # An existing route costs two statements after the log lock: the agent's
@@ -116,6 +153,7 @@ class Conversations:
                 if reason is None:
                     return current, False
                 return self.reset_now(now, agent, existing.session_id, reason), True
+            self._refuse_erased_key(agent, key, reopen_erased)  # hook (issue 23)
             new_id = new_session_id()
             # Single flight: the first to take the route creates the session;
             # a concurrent resolver (another replica too) finds the route taken.
@@ -129,7 +167,13 @@ class Conversations:
         return result
 
     async def spawn(
-        self, agent: str, session_id: str, temp_state: dict[str, str], *, any_id: bool
+        self,
+        agent: str,
+        session_id: str,
+        temp_state: dict[str, str],
+        *,
+        any_id: bool,
+        reopen_erased: bool = False,
     ) -> Session:
         """`any_id`: the caller may choose any session id (admin, or authentication
         off); others only ids in the agent's namespace, so that a taken id is never
@@ -153,6 +197,7 @@ class Conversations:
             self.agents.live_agent_summary(agent)
             if self.store.session_index(chosen) is not None:
                 raise AlreadyExists("SESSION_EXISTS", f"session {chosen!r} exists already")
+            self._refuse_erased_id(chosen, reopen_erased)  # hook (issue 23)
             return self.open_session(now, agent, chosen, "", Source(), temp_state)
 
         result: Session = await self.core.write(op)
@@ -210,7 +255,39 @@ class Conversations:
         if found is not None:
             return found
         before_hashing = routing.key_with_raw_thread(agent, source, stored, policy)
-        return None if before_hashing is None else self.store.routed_session(agent, before_hashing)
+        if before_hashing is not None:
+            return self.store.routed_session(agent, before_hashing)
+        # Hook (issue 23): a web, cron or repl conversation with a user, opened before
+        # users were key components, keeps its session under its key without u=.
+        without_user = routing.key_without_user(agent, stored, policy)
+        return None if without_user is None else self.store.routed_session(agent, without_user)
+
+    def _refuse_erased_key(self, agent: str, key: str, reopen: bool) -> None:
+        """A routing key whose session was erased opens a new one only when asked."""
+        erased_at = self.erased.erased_key(agent, key)
+        if erased_at is None:
+            return
+        if not reopen:
+            raise FailedPrecondition(
+                "SESSION_ERASED",
+                f"this conversation's session was erased (sequence {erased_at}); set "
+                "reopen_erased to start a new session for it",
+                {"erased_sequence": str(erased_at)},
+            )
+        self.erased.forget_key(agent, key)
+
+    def _refuse_erased_id(self, session_id: str, reopen: bool) -> None:
+        erased_at = self.erased.erased_id(session_id)
+        if erased_at is None:
+            return
+        if not reopen:
+            raise FailedPrecondition(
+                "SESSION_ERASED",
+                f"session {session_id!r} was erased (sequence {erased_at}); set reopen_erased "
+                "to create a new session under this id",
+                {"erased_sequence": str(erased_at)},
+            )
+        self.erased.forget_id(session_id)
 
     def reset_now(self, now: float, agent: str, session_id: str, reason: str) -> Session:
         """Ends a session with a reason and opens a fresh one on its routing key."""
@@ -244,20 +321,28 @@ class Conversations:
         expected_version: int | None,
         inputs: Sequence[EventInput],
         echo: bool = True,
+        deltas: Sequence[StateChanged] = (),
     ) -> tuple[list[Event], int, list[int]]:
         """(the events as logged, or none without `echo`; the version; their sequences).
         `inputs`: each input's body (None: it had none) and its encoded size. An echo
-        that would not fit one answer is refused before anything is written."""
+        that would not fit one answer is refused before anything is written. `deltas`:
+        scoped state changes logged after the events, in the same transaction."""
         agent_name("agent", agent)
         checked_session_id(session_id)
-        if not inputs or len(inputs) > MAX_EVENTS_PER_APPEND:
-            raise InvalidArgument("events", f"give 1 to {MAX_EVENTS_PER_APPEND} events")
+        if (not inputs and not deltas) or len(inputs) > MAX_EVENTS_PER_APPEND:
+            low = 0 if deltas else 1
+            raise InvalidArgument("events", f"give {low} to {MAX_EVENTS_PER_APPEND} events")
+        limits = self.core.limits
+        deltas = checked_deltas(
+            "state_deltas", deltas, limits.max_state_value_bytes, allow_none=True
+        )
         bodies = [
             checked_input(i, event.body, self.core.limits.max_content_bytes)
             for i, event in enumerate(inputs)
         ]
         if echo:
             sizes = [event.size + len(agent) + len(session_id) for event in inputs]
+            sizes += [convert.encoded_size(delta) + len(agent) for delta in deltas]
             refuse_unanswerable("events", sizes, "set sequences_only, or split the append")
 
         def op(now: float) -> tuple[list[Event], int, list[int]]:
@@ -280,9 +365,15 @@ class Conversations:
             ]
             self.core.redact_senders(agent, events)
             self._refuse_state_growth_past_limit(session_id, events)
-            logged = self.core.log(now, events, index)
+            # Hook (issue 23): the deltas' StateChanged events, after the events.
+            first = index.version + len(events) + 1
+            changed = (
+                self.scoped.events(agent, index, deltas, first, "state_deltas") if deltas else []
+            )
+            logged = self.core.log(now, events + changed, index)
             sequences = [event.sequence for event in logged]
-            return (logged if echo else []), index.version + len(events), sequences
+            version = index.version + len(events) + sum(1 for e in changed if e.session_id)
+            return (logged if echo else []), version, sequences
 
         result: tuple[list[Event], int, list[int]] = await self.core.write(op)
         return result

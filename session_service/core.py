@@ -35,8 +35,14 @@ from switchboard.runner import TransactionRunner
 class SessionLimits:
     #: A snapshot is written when an entity has this many events since its last one.
     snapshot_every: int = 100
-    #: Longest message content accepted, in UTF-8 bytes.
+    #: Longest message content accepted, in UTF-8 bytes (--max-content-bytes).
     max_content_bytes: int = 256 * 1024
+    #: Largest scoped state value, in UTF-8 bytes (--max-state-value-bytes).
+    max_state_value_bytes: int = 256 * 1024
+    #: Largest stored record payload (--max-record-bytes), and a PutRecords call's
+    #: payloads together (--max-records-call-bytes): the call is one log row.
+    max_record_bytes: int = 1024 * 1024
+    max_records_call_bytes: int = 8 * 1024 * 1024
     #: How often the log tailer looks for events no notification announced (other
     #: replicas on SQLite, or Postgres while LISTEN is down).
     watch_poll_s: float = 1.0

@@ -30,6 +30,7 @@ from session_service.records import (
     SessionState,
     SessionStatus,
 )
+from session_service.retraction_store import NOT_RETRACTED
 from session_service.timeline import Timeline
 from switchboard import pagination
 from switchboard.database import Backend, bind_model, dicts, tuples
@@ -292,12 +293,14 @@ def _session_index(fields: dict[str, Any]) -> SessionIndex:
 LOG_CHANNEL = "switchboard_session_log"
 
 #: The kinds of the log's own records, which belong to no agent or session: no state
-#: folds them and no truncation deletes them.
-LOG_RECORD_KINDS = ("rewound", "operator_action")
+#: folds them and no truncation deletes them. Hook (issue 23): an erasure's record,
+#: and the tombstones of an erased session's rows ("erased"), which keep their agent
+#: and session id but must never fold into a state, be replayed or be moved.
+LOG_RECORD_KINDS = ("rewound", "operator_action", "erasure", "erased")
 _LOG_RECORD_KINDS_SQL = ", ".join(f"'{kind}'" for kind in LOG_RECORD_KINDS)
 #: Audit records stay active whatever a move abandons or restores: what an operator
-#: did happened, on whichever branch the log is now.
-_NEVER_ABANDONED_SQL = "'operator_action'"
+#: did happened, on whichever branch the log is now (an erasure too).
+_NEVER_ABANDONED_SQL = "'operator_action', 'erasure'"
 
 
 def agent_entity(name: str) -> str:
@@ -419,7 +422,7 @@ class LogStore:
         """Sets the marker of the log rows and snapshots in [first, last]; guarded, so
         only rows whose status changes are written. Audit records keep theirs."""
         for table, kept in (
-            ("session_log", f" AND kind <> {_NEVER_ABANDONED_SQL}"),
+            ("session_log", f" AND kind NOT IN ({_NEVER_ABANDONED_SQL})"),
             ("session_snapshot", ""),
         ):
             self.database.execute_sql(
@@ -733,13 +736,18 @@ class LogStore:
         """The oldest (or `newest`) history messages in (after, before), at most `limit`
         and `budget` bytes, oldest first; and whether more lie beyond them. `shared`:
         the session is a fork sharing its ancestors' history (see `LineageRow`)."""
-        conditions, params = ["kind = 'message_appended'", "seq > ?"], [after_seq]
+        conditions: list[str] = ["kind = 'message_appended'", "seq > ?"]
+        params: list[Any] = [after_seq]
         if before_seq is not None:
             conditions.append("seq < ?")
             params.append(before_seq)
         if not include_abandoned:
             conditions.append("active = ?")
             params.append(True)
+        # Hook (issue 23): messages the session (or an ancestor before its fork
+        # point) retracted are no longer history (`retraction_store`).
+        conditions.append(NOT_RETRACTED)
+        params += [session_id, session_id]
         if not shared:
             where = " AND ".join(["session_id = ?", *conditions])
             return self._sized_page(where, [session_id, *params], newest, limit, budget)
@@ -995,11 +1003,23 @@ class LogStore:
         before_created_seq: int | None,
         limit: int,
         routing_key: str = "",
+        user_id: str = "",
     ) -> list[SessionIndex]:
-        """Newest first; every agent's sessions for `agent` ""."""
+        """Newest first; every agent's sessions for `agent` "". `user_id` (with an
+        agent): only the sessions of that user (hook, issue 23: `session_user_store`)."""
         query = self.Session.select()
         if agent:
             query = query.where(self.Session.agent == agent)
+        if user_id:
+            query = query.where(
+                peewee.SQL(
+                    self._sql(
+                        "session_id IN (SELECT session_id FROM session_of_user "
+                        "WHERE agent = ? AND user_id = ?)"
+                    ),
+                    [agent, user_id],
+                )
+            )
         if routing_key:
             query = query.where(self.Session.routing_key == routing_key)
         if status:

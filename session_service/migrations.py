@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import peewee
 
-from session_service import key_migration
+from session_service import key_migration, records, storage_format
 from switchboard.idempotency import SESSION_REQUESTS, RequestRecordV1
 from switchboard.migrations import Component, Schema
 
@@ -290,6 +290,160 @@ def injective_routing_keys(schema: Schema) -> None:
     key_migration.migrate(schema)
 
 
+class StateValueV12(peewee.Model):
+    owner = peewee.CharField(max_length=400)
+    key = peewee.CharField(max_length=256)
+    value = peewee.TextField()
+    seq = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_state_value"
+        primary_key = peewee.CompositeKey("owner", "key")
+
+
+class StateEventV12(peewee.Model):
+    seq = peewee.BigIntegerField(primary_key=True)
+    owner = peewee.CharField(max_length=400)
+
+    class Meta:
+        table_name = "session_state_event"
+        indexes = ((("owner", "seq"), False),)
+
+
+class StateBaseV12(peewee.Model):
+    owner = peewee.CharField(max_length=400)
+    key = peewee.CharField(max_length=256)
+    value = peewee.TextField()
+
+    class Meta:
+        table_name = "session_state_base"
+        primary_key = peewee.CompositeKey("owner", "key")
+
+
+class RecordV12(peewee.Model):
+    seq = peewee.BigIntegerField()
+    position = peewee.IntegerField()
+    agent = peewee.CharField(max_length=64)
+    session_id = peewee.CharField(max_length=128)
+    kind = peewee.CharField(max_length=64)
+    namespace = peewee.CharField(max_length=512)
+    key = peewee.CharField(max_length=512)
+    parent_key = peewee.CharField(max_length=512)
+    metadata = peewee.TextField()
+    labels = peewee.TextField()
+    payload_size = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_record"
+        primary_key = peewee.CompositeKey("seq", "position")
+        indexes = (
+            (("session_id", "kind", "namespace", "key", "seq"), False),
+            (("session_id", "kind", "namespace", "seq"), False),
+            (("session_id", "kind", "seq"), False),
+            (("session_id", "kind", "namespace", "parent_key", "seq"), False),
+            (("agent", "kind", "seq"), False),
+        )
+
+
+class RecordLabelV12(peewee.Model):
+    seq = peewee.BigIntegerField()
+    position = peewee.IntegerField()
+    name = peewee.CharField(max_length=64)
+    value = peewee.CharField(max_length=256)
+    agent = peewee.CharField(max_length=64)
+    session_id = peewee.CharField(max_length=128)
+    kind = peewee.CharField(max_length=64)
+
+    class Meta:
+        table_name = "session_record_label"
+        primary_key = peewee.CompositeKey("seq", "position", "name")
+        indexes = (
+            (("agent", "kind", "name", "value"), False),
+            (("session_id", "kind", "name", "value"), False),
+        )
+
+
+class RetractionV12(peewee.Model):
+    message_seq = peewee.BigIntegerField()
+    session_id = peewee.CharField(max_length=128)
+    by_seq = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_retraction"
+        primary_key = peewee.CompositeKey("message_seq", "session_id")
+        indexes = ((("by_seq",), False), (("session_id",), False))
+
+
+class SessionUserV12(peewee.Model):
+    session_id = peewee.CharField(max_length=128, primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    user_id = peewee.CharField(max_length=256)
+
+    class Meta:
+        table_name = "session_of_user"
+        indexes = ((("agent", "user_id"), False),)
+
+
+class ErasedIdV12(peewee.Model):
+    session_id = peewee.CharField(max_length=128, primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    erased_seq = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_erased_id"
+
+
+class ErasedKeyV12(peewee.Model):
+    agent = peewee.CharField(max_length=64)
+    key_digest = peewee.CharField(max_length=64)
+    erased_seq = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_erased_key"
+        primary_key = peewee.CompositeKey("agent", "key_digest")
+
+
+class RequestSubjectV12(peewee.Model):
+    session_id = peewee.CharField(max_length=128)
+    principal = peewee.CharField(max_length=160)
+    request_id = peewee.CharField(max_length=64)
+    created_at = peewee.DoubleField(index=True)
+
+    class Meta:
+        table_name = "session_request_subject"
+        primary_key = peewee.CompositeKey("session_id", "principal", "request_id")
+
+
+FRAMEWORK_MODELS_V12: tuple[type[peewee.Model], ...] = (
+    StateValueV12, StateEventV12, StateBaseV12, RecordV12, RecordLabelV12, RetractionV12,
+    SessionUserV12, ErasedIdV12, ErasedKeyV12, RequestSubjectV12,
+)  # fmt: skip
+#: The tables migration 12 creates (for tests that take a database back before it).
+FRAMEWORK_TABLES = tuple(model._meta.table_name for model in FRAMEWORK_MODELS_V12)
+
+
+def framework_read_models(schema: Schema) -> None:
+    """What agent frameworks store: scoped state, stored records, retractions,
+    sessions by user, and what erasure remembers (erased ids and keys, the sessions
+    each remembered request answer names). Sessions by user are backfilled from the
+    sessions' opening events (no event of the other kinds was logged before)."""
+    schema.create_tables(*FRAMEWORK_MODELS_V12)
+    opened = schema.execute(
+        "SELECT l.format, l.payload FROM session_log l JOIN session_session s "
+        "ON s.session_id = l.session_id WHERE l.kind = 'session_opened' AND l.active = ?",
+        (True,),
+    ).fetchall()
+    for format_number, payload in opened:
+        event = storage_format.decode_event(int(format_number), payload)
+        body = event.body
+        if isinstance(body, records.SessionOpened) and body.source and body.source.user_id:
+            schema.execute(
+                "INSERT INTO session_of_user (session_id, agent, user_id) VALUES (?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
+                (event.session_id, event.agent, body.source.user_id),
+            )
+
+
 MIGRATIONS = (
     baseline,
     request_records,
@@ -302,6 +456,7 @@ MIGRATIONS = (
     shared_settings,
     inbound_refs,
     injective_routing_keys,
+    framework_read_models,
 )
 
 SESSION_SCHEMA = Component(

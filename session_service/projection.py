@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from session_service import replay, storage_format
+from session_service.framework_projection import FrameworkProjection
 from session_service.log_store import (
     AgentIndex,
     LogStore,
@@ -86,6 +87,9 @@ class Projection:
         self.store = store
         #: A snapshot is written when an entity has this many events since its last one.
         self.snapshot_every = snapshot_every
+        #: Hook (issue 23): the read models of scoped state, stored records,
+        #: retractions and sessions by user, kept with the same events.
+        self.framework = FrameworkProjection(store.backend)
 
     def project(
         self,
@@ -119,6 +123,7 @@ class Projection:
                 self.snapshot_agent(agent.name)
                 agent = replace(agent, snapshot_version=agent.version)
             self.store.put_agent_index(agent)
+        self.framework.project(events)  # hook (issue 23): see `framework_projection`
 
     def number_agent_events(self, events: Sequence[Event]) -> None:
         """Gives agent events their agent's next versions: above every version the

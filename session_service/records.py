@@ -76,6 +76,13 @@ class LogBranch(OpenEnum):
     ABANDONED = 2
 
 
+class StateScope(OpenEnum):
+    UNSPECIFIED = 0
+    SESSION = 1
+    USER = 2
+    AGENT = 3
+
+
 # -- agents ---------------------------------------------------------------------------------
 
 
@@ -385,13 +392,66 @@ class OperatorAction(EventBody):
     detail: str = ""
 
 
+@dataclass(slots=True, kw_only=True)
+class MessagesRetracted(EventBody):
+    kind: ClassVar[str] = "messages_retracted"
+    sequences: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class StateChanged(EventBody):
+    kind: ClassVar[str] = "state_changed"
+    scope: StateScope = StateScope.UNSPECIFIED
+    user_id: str = ""
+    set: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class StoredRecord:
+    kind: str = ""
+    namespace: str = ""
+    key: str = ""
+    parent_key: str = ""
+    metadata: str = ""
+    payload: bytes = b""
+    labels: dict[str, str] = field(default_factory=dict)
+    erased: bool = False
+    session_id: str = ""
+    sequence: int = 0
+    payload_size: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class RecordsPut(EventBody):
+    kind: ClassVar[str] = "records_put"
+    records: list[StoredRecord] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class Erased(EventBody):
+    kind: ClassVar[str] = "erased"
+
+
+@dataclass(slots=True, kw_only=True)
+class Erasure(EventBody):
+    kind: ClassVar[str] = "erasure"
+    agent: str = ""
+    session_id: str = ""
+    whole_session: bool = False
+    record_kind: str = ""
+    erased_events: int = 0
+    erased_records: int = 0
+    principal: str = ""
+
+
 #: Every body kind, as `Event.body` may hold it (the converter maps exactly these).
 EVENT_BODIES: tuple[type[EventBody], ...] = (
     AgentCreated, AgentUpdated, MemoryPut, MemoryDeleted, AgentArchived,
     SessionOpened, SessionEnded, MessageAppended, InboxPosted, InboxDrained,
     OutboxQueued, OutboxAcked, TaskSet, TaskCleared, TempStateChanged,
     Rewound, PermissionChecked, ResumeMarked, SuspensionChanged, RewindApplied,
-    OperatorAction,
+    OperatorAction, MessagesRetracted, StateChanged, RecordsPut, Erased, Erasure,
 )  # fmt: skip
 
 #: The bodies that carry a message (whose sender may be a person's id).

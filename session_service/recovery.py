@@ -74,8 +74,10 @@ def rebuild(core: Core, progress: Callable[[int, int], None] | None = None) -> R
 
     def op(_now: float) -> RebuildReport:
         total = store.replayable_event_count()
-        before = store.projection_rows()
+        framework = core.projection.framework  # hook (issue 23): its read models too
+        before = {**store.projection_rows(), **framework.rows()}
         store.clear_projections()
+        framework.clear()
         batch: list[Event] = []
         for event in store.active_events():
             batch.append(event)
@@ -89,7 +91,7 @@ def rebuild(core: Core, progress: Callable[[int, int], None] | None = None) -> R
         report.events += len(batch)
         if progress is not None:
             progress(report.events, total)
-        after = store.projection_rows()
+        after = {**store.projection_rows(), **framework.rows()}
         for name in before:
             report.differences[name] = len(before[name] ^ after[name])
         return report

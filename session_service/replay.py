@@ -15,6 +15,7 @@ from session_service.records import (
     AgentArchived,
     AgentCreated,
     AgentUpdated,
+    Erased,
     Event,
     InboxDrained,
     InboxPosted,
@@ -23,10 +24,12 @@ from session_service.records import (
     MemoryPut,
     Message,
     MessageAppended,
+    MessagesRetracted,
     OutboxAcked,
     OutboxQueued,
     PermissionChecked,
     QueuedMessage,
+    RecordsPut,
     ResumeMarked,
     RewindApplied,
     Session,
@@ -35,6 +38,7 @@ from session_service.records import (
     SessionState,
     SessionStatus,
     Source,
+    StateChanged,
     SuspensionChanged,
     Task,
     TaskCleared,
@@ -63,8 +67,10 @@ def apply_to_agent(agent: Agent, event: Event) -> None:
         agent.memory.pop(body.key, None)
     elif isinstance(body, AgentArchived):
         agent.archived = True
-    elif isinstance(body, RewindApplied):
-        pass  # the state is what the rewind made it; only the version moves
+    elif isinstance(body, (RewindApplied, StateChanged)):
+        # A rewind's version move; USER- and AGENT-scoped state, which its own read
+        # model keeps (`scoped_state`): the agent's state stays.
+        pass
     else:
         raise ValueError(f"event {event.sequence} ({body.kind}) is not an agent event")
     # Events logged before agent versions were recorded count one each.
@@ -93,8 +99,12 @@ def apply_to_session(state: SessionState, event: Event) -> None:
         state.temp_state.update(body.temp_state)
         if body.task is not None:
             state.current_task = copy.copy(body.task)
-    elif isinstance(body, (PermissionChecked, RewindApplied)):
-        pass  # an audit record, or a rewind's version move: the state stays
+    elif isinstance(body, (PermissionChecked, RewindApplied, StateChanged, RecordsPut, Erased)):
+        # An audit record, a rewind's version move, scoped state and stored records
+        # (each kept by its own read model), a tombstone: the state stays.
+        pass
+    elif isinstance(body, MessagesRetracted):
+        session.message_count = max(0, session.message_count - len(body.sequences))
     elif isinstance(body, ResumeMarked):
         if not body.pending:
             session.resume_marked_time = None

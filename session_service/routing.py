@@ -2,7 +2,7 @@
 encoding where two distinct sources never share a key.
 
     agent:<agent>:<transport>:<chat type>[:s=<scope>][:c=<chat>][:t=<thread>][:u=<user>]
-    agent:<agent>:<transport>:id=<conversation id>                   web, cron, repl
+    agent:<agent>:<transport>[:u=<user>]:id=<conversation id>       web, cron, repl, frameworks
     agent:<agent>:peer:from=<sending agent>:id=<conversation id>      peer
 
 Why no two sources share a key: agent names, transports and chat type names hold
@@ -21,6 +21,11 @@ With PII redaction on, chat ids become `<platform>:<12 hex>`, thread ids
 `thread_<12 hex>` and user ids `user_<12 hex>` (`session_service.pii`) before the
 key is built, and are encoded like any id, so raw ids never reach the database.
 
+Non-chat transports name the conversation's user when the source has one, so that
+an agent framework's (user, conversation id) pairs (Google ADK's sessions) never
+meet across users. Keys of conversations opened with a user before that hold no
+`u=` (`key_without_user` finds them).
+
 A peer thread's `from=` is the agent that sends into it, bound by the server to
 the calling agent (`checked_source`), never taken from the caller's conversation
 id: one agent cannot reach the thread another agent's messages arrive in.
@@ -37,7 +42,11 @@ from switchboard import validation
 from switchboard.errors import InvalidArgument
 
 PEER = "peer"
-NON_CHAT_TRANSPORTS = frozenset({"web", "cron", "repl", PEER})
+#: Non-chat transports whose keys held no user before users were key components.
+KEYED_WITHOUT_USER = frozenset({"web", "cron", "repl"})
+#: The transports of the agent frameworks' session stores (issue 23).
+FRAMEWORK_TRANSPORTS = frozenset({"adk", "openai_agents", "langgraph"})
+NON_CHAT_TRANSPORTS = KEYED_WITHOUT_USER | FRAMEWORK_TRANSPORTS | {PEER}
 #: The routing key column's width (and the ledger's session_key limit).
 MAX_ROUTING_KEY_LEN = 512
 
@@ -55,6 +64,8 @@ def checked_source(source: Source, calling_agent: str) -> Source:
     validation.platform("source.transport", source.transport)
     if source.transport in NON_CHAT_TRANSPORTS:
         validation.routing_key("source.conversation_id", source.conversation_id, max_len=256)
+        if source.user_id and source.transport != PEER:
+            validation.routing_key("source.user_id", source.user_id, max_len=256)
     else:
         if source.chat_type not in CHAT_TYPE_NAMES:
             raise InvalidArgument(
@@ -95,7 +106,17 @@ def stored_source(source: Source, redactor: Redactor | None) -> Source:
         stored.chat_id = redactor.chat(source.transport, source.chat_id)
         stored.user_id = redactor.user(source.user_id)
         stored.thread_id = redactor.thread(source.thread_id)
+    elif redactor is not None and source.transport != PEER:
+        stored.user_id = redactor.user(source.user_id)  # a person, on any transport
     return stored
+
+
+def key_without_user(agent: str, source: Source, policy: RoutingPolicy | None) -> str | None:
+    """The key a conversation with a user on web, cron or repl got before users were
+    key components (None when its key never differed)."""
+    if source.transport not in KEYED_WITHOUT_USER or not source.user_id:
+        return None
+    return unbounded_key(agent, replace(source, user_id=""), policy)
 
 
 def key_with_raw_thread(
@@ -155,7 +176,7 @@ def _ids(source: Source, policy: RoutingPolicy | None) -> list[tuple[str, str]]:
     if source.transport == PEER:
         return [("from", source.from_agent), ("id", source.conversation_id)]
     if source.transport in NON_CHAT_TRANSPORTS:
-        return [("id", source.conversation_id)]
+        return [("u", source.user_id), ("id", source.conversation_id)]
     ids = [("s", source.scope_id)]
     if source.chat_type == ChatType.DM:
         owner = ("c", source.chat_id) if source.chat_id else ("u", source.user_id)

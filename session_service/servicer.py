@@ -9,15 +9,22 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from google.protobuf.message import Message as ProtoMessage
+
 from session_service import checks, convert, records
 from session_service.agents import Agents
 from session_service.audit import Audit
 from session_service.continuity import Continuity, post_mark
 from session_service.conversations import Conversations
 from session_service.core import Core
+from session_service.erasure import Erasures, RecordSelection
 from session_service.log_reads import LogQuery, LogReads
 from session_service.multi_agent import MultiAgent
+from session_service.records_store import RecordQuery
+from session_service.retraction import Retraction
+from session_service.scoped_state import ScopedState, ScopedView
 from session_service.session_reads import SessionReads
+from session_service.stored_records import ListRequest, StoredRecords
 from session_service.time_travel import Move, TimeTravel
 from switchboard import auth, validation
 from switchboard.idempotency import RequestStore
@@ -28,7 +35,29 @@ from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 Context = Any  # grpc.aio.ServicerContext; unused by these handlers
 
 
-mutation = Mutations(pb.DESCRIPTOR.services_by_name["SessionService"])
+#: The fields naming sessions in requests and answers (see `named_sessions`).
+_SESSION_FIELDS = frozenset({"session_id", "to_session_id", "session_ids"})
+
+
+def named_sessions(request: ProtoMessage, response: ProtoMessage) -> list[str]:
+    """The sessions a remembered call's request or answer names: what an erasure of
+    one of them finds the call's stored answer by (it may carry the session's
+    content), so that the answer goes with the session."""
+    found: set[str] = set()
+    pending: list[ProtoMessage] = [request, response]
+    while pending:
+        message = pending.pop()
+        for field, value in message.ListFields():
+            kind: Any = field.message_type  # None for scalars
+            if kind is not None:
+                if not kind.GetOptions().map_entry:
+                    pending.extend(value if field.is_repeated else [value])
+            elif field.name in _SESSION_FIELDS:
+                found.update(value if field.is_repeated else [value])
+    return sorted(found)
+
+
+mutation = Mutations(pb.DESCRIPTOR.services_by_name["SessionService"], subjects=named_sessions)
 
 # The core answers in records (`session_service.records`): converted here, once per
 # answer, and requests' messages once on the way in.
@@ -50,6 +79,66 @@ def _sessions(sessions: list[records.Session]) -> list[pb.Session]:
 
 def _events(events: list[records.Event]) -> list[pb.Event]:
     return [convert.event_pb(event) for event in events]
+
+
+def _scoped(scoped: ScopedView) -> pb.ScopedState:
+    return pb.ScopedState(
+        session=scoped.session, user=scoped.user, agent=scoped.agent, user_id=scoped.user_id
+    )
+
+
+def _deltas(deltas: Any) -> list[records.StateChanged]:
+    """StateDelta messages as the core's changes (the same fields as StateChanged)."""
+    return [
+        records.StateChanged(
+            scope=records.StateScope(delta.scope),
+            user_id=delta.user_id,
+            set=dict(delta.set),
+            removed=list(delta.removed),
+        )
+        for delta in deltas
+    ]
+
+
+def _stored_record(record: records.StoredRecord) -> pb.StoredRecord:
+    return pb.StoredRecord(
+        kind=record.kind,
+        namespace=record.namespace,
+        key=record.key,
+        parent_key=record.parent_key,
+        metadata=record.metadata,
+        payload=record.payload,
+        labels=record.labels,
+        erased=record.erased,
+        session_id=record.session_id,
+        sequence=record.sequence,
+        payload_size=record.payload_size,
+    )
+
+
+def _record_input(record: pb.StoredRecord) -> records.StoredRecord:
+    return records.StoredRecord(
+        kind=record.kind,
+        namespace=record.namespace,
+        key=record.key,
+        parent_key=record.parent_key,
+        metadata=record.metadata,
+        payload=record.payload,
+        labels=dict(record.labels),
+        erased=record.erased,
+        session_id=record.session_id,
+        sequence=record.sequence,
+        payload_size=record.payload_size,
+    )
+
+
+def _label_filters(filters: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    return tuple((f.name, tuple(f.values)) for f in filters)
+
+
+def _optional(request: Any, name: str) -> Any:
+    """A proto3 `optional` field's value, None when unset."""
+    return getattr(request, name) if request.HasField(name) else None
 
 
 def _record(kind: type[convert.R], message: Any) -> convert.R:
@@ -138,6 +227,10 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self.continuity = Continuity(core, self.agents, self.conversations)
         self.log_reads = LogReads(core)
         self.audit = Audit(core)
+        self.retraction = Retraction(core)
+        self.scoped_state = ScopedState(core, self.agents)
+        self.stored_records = StoredRecords(core)
+        self.erasures = Erasures(core)
         self._watched = _Converted()
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=_agent(agent)))
@@ -190,7 +283,13 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.ResolveSessionRequest, context: Context
     ) -> tuple[records.Session, bool]:
         source = _record(records.Source, request.source)
-        return await self.conversations.resolve(request.agent, source, request.session_id)
+        return await self.conversations.resolve(
+            request.agent,
+            source,
+            request.session_id,
+            lookup_only=request.lookup_only,
+            reopen_erased=request.reopen_erased,
+        )
 
     @mutation(lambda session: pb.SpawnSessionResponse(session=_session(session)))
     async def SpawnSession(  # noqa: N802
@@ -199,12 +298,21 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         grant = auth.current_grant()
         any_id = grant is None or grant.admin  # others choose ids in their agent's namespace
         return await self.conversations.spawn(
-            request.agent, request.session_id, dict(request.temp_state), any_id=any_id
+            request.agent,
+            request.session_id,
+            dict(request.temp_state),
+            any_id=any_id,
+            reopen_erased=request.reopen_erased,
         )
 
     async def GetSession(  # noqa: N802
         self, request: pb.GetSessionRequest, context: Context
     ) -> pb.GetSessionResponse:
+        if request.include_state:
+            found, scoped = await self.reads.get_session_with_state(
+                request.agent, request.session_id
+            )
+            return pb.GetSessionResponse(session=_session(found), scoped_state=_scoped(scoped))
         session = await self.reads.get_session(request.agent, request.session_id)
         return pb.GetSessionResponse(session=_session(session))
 
@@ -218,6 +326,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.page_size,
             request.page_token,
             request.routing_key,
+            request.user_id,
         )
         return pb.ListSessionsResponse(sessions=_sessions(sessions), next_page_token=token)
 
@@ -249,7 +358,12 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             for event in request.events
         ]
         return await self.conversations.append(
-            request.agent, request.session_id, expected, inputs, echo=not request.sequences_only
+            request.agent,
+            request.session_id,
+            expected,
+            inputs,
+            echo=not request.sequences_only,
+            deltas=_deltas(request.state_deltas),
         )
 
     @mutation(
@@ -285,10 +399,12 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
     async def GetSessionState(  # noqa: N802
         self, request: pb.GetSessionStateRequest, context: Context
     ) -> pb.GetSessionStateResponse:
-        state, agent = await self.reads.state(
+        state, agent, scoped = await self.reads.state(
             request.agent, request.session_id, request.at_sequence
         )
-        return pb.GetSessionStateResponse(state=convert.to_pb(state), agent=_agent(agent))
+        return pb.GetSessionStateResponse(
+            state=convert.to_pb(state), agent=_agent(agent), scoped_state=_scoped(scoped)
+        )
 
     @mutation(lambda sequence: pb.SnapshotSessionResponse(sequence=sequence))
     async def SnapshotSession(  # noqa: N802
@@ -462,3 +578,133 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self, request: pb.ExpireResumableRequest, context: Context
     ) -> list[records.Session]:
         return await self.continuity.expire_resumable(request.agent)
+
+    # -- what agent frameworks store (issue 23) -------------------------------------------
+
+    @mutation(
+        lambda done: pb.RetractMessagesResponse(
+            messages=[convert.to_pb(message) for message in done[0]],
+            version=done[1],
+            sequence=done[2],
+            session_id=done[3],
+        )
+    )
+    async def RetractMessages(  # noqa: N802
+        self, request: pb.RetractMessagesRequest, context: Context
+    ) -> tuple[list[records.QueuedMessage], int, int, str]:
+        return await self.retraction.retract(
+            request.agent,
+            request.session_id,
+            _optional(request, "expected_version"),
+            request.newest_count,
+            list(request.sequences),
+        )
+
+    @mutation(
+        lambda done: pb.UpdateStateResponse(sequences=done[0], version=done[1], session_id=done[2])
+    )
+    async def UpdateState(  # noqa: N802
+        self, request: pb.UpdateStateRequest, context: Context
+    ) -> tuple[list[int], int, str]:
+        return await self.scoped_state.update(
+            request.agent,
+            request.session_id,
+            _optional(request, "expected_version"),
+            _deltas(request.deltas),
+        )
+
+    async def GetUserState(  # noqa: N802
+        self, request: pb.GetUserStateRequest, context: Context
+    ) -> pb.GetUserStateResponse:
+        state, user_id = await self.scoped_state.user_state(request.agent, request.user_id)
+        return pb.GetUserStateResponse(state=state, user_id=user_id)
+
+    @mutation(
+        lambda done: pb.PutRecordsResponse(sequence=done[0], version=done[1], session_id=done[2])
+    )
+    async def PutRecords(  # noqa: N802
+        self, request: pb.PutRecordsRequest, context: Context
+    ) -> tuple[int, int, str]:
+        return await self.stored_records.put(
+            request.agent,
+            request.session_id,
+            [_record_input(record) for record in request.records],
+            request.versioned,
+            _optional(request, "expected_version"),
+        )
+
+    async def GetRecord(  # noqa: N802
+        self, request: pb.GetRecordRequest, context: Context
+    ) -> pb.GetRecordResponse:
+        record, children = await self.stored_records.get(
+            request.agent,
+            request.session_id,
+            request.kind,
+            request.namespace,
+            request.key,
+            request.children_kind,
+        )
+        return pb.GetRecordResponse(
+            record=_stored_record(record), children=[_stored_record(c) for c in children]
+        )
+
+    async def ListRecords(  # noqa: N802
+        self, request: pb.ListRecordsRequest, context: Context
+    ) -> pb.ListRecordsResponse:
+        query = RecordQuery(
+            agent=request.agent,
+            session_id=request.session_id,
+            kind=request.kind,
+            namespace=_optional(request, "namespace"),
+            keys=tuple(request.keys),
+            parent_key=_optional(request, "parent_key"),
+            labels=_label_filters(request.labels),
+        )
+        found, token = await self.stored_records.listing(
+            ListRequest(
+                query=query,
+                before_key=request.before_key,
+                metadata_filter=tuple(sorted(request.metadata_filter.items())),
+                include_payloads=request.include_payloads,
+                page_size=request.page_size,
+                page_token=request.page_token,
+            )
+        )
+        return pb.ListRecordsResponse(
+            records=[_stored_record(record) for record in found], next_page_token=token
+        )
+
+    @mutation(
+        lambda done: pb.EraseSessionResponse(
+            erasure=convert.event_pb(done[0]), erased_events=done[1]
+        )
+    )
+    async def EraseSession(  # noqa: N802
+        self, request: pb.EraseSessionRequest, context: Context
+    ) -> tuple[records.Event, int]:
+        return await self.erasures.erase_session(
+            request.agent, request.session_id, auth.current_principal()
+        )
+
+    @mutation(
+        lambda done: pb.EraseRecordsResponse(
+            erasure=None if done[0] is None else convert.event_pb(done[0]),
+            erased_records=done[1],
+            session_ids=done[2],
+        )
+    )
+    async def EraseRecords(  # noqa: N802
+        self, request: pb.EraseRecordsRequest, context: Context
+    ) -> tuple[records.Event | None, int, list[str]]:
+        selection = RecordSelection(
+            kind=request.kind,
+            namespace=_optional(request, "namespace"),
+            keys=tuple(request.keys),
+            labels=_label_filters(request.labels),
+            all=request.all,
+            keep_newest=_optional(request, "keep_newest_per_namespace"),
+            children_kind=request.children_kind,
+        )
+        return await self.erasures.erase_records(
+            request.agent, request.session_id, selection, auth.current_principal()
+        )

@@ -6,10 +6,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
+from session_service import storage_format
 from session_service.checks import agent_name, checked_session_id
 from session_service.core import Core
+from session_service.log_store import AgentIndex
 from session_service.records import (
     Agent,
+    AgentSettings,
     Event,
     MessageAppended,
     QueuedMessage,
@@ -17,6 +20,7 @@ from session_service.records import (
     SessionState,
     SessionStatus,
 )
+from session_service.scoped_state import ScopedView, view
 from switchboard import pagination, validation
 from switchboard.errors import InvalidArgument, NotFound, OutOfRange
 
@@ -26,6 +30,19 @@ class SessionReads:
         self.core = core
         self.store = core.store
         self.runner = core.runner
+
+    async def get_session_with_state(
+        self, agent: str, session_id: str
+    ) -> tuple[Session, ScopedView]:
+        """The session and the scoped state it sees (hook, issue 23), as one state."""
+        agent_name("agent", agent)
+        checked_session_id(session_id)
+
+        def op() -> tuple[Session, ScopedView]:
+            session = self.core.summary(session_id, self.core.session_of(agent, session_id))
+            return session, view(self.core.projection.framework.state, session)
+
+        return await self.runner.read(op, consistent=True)
 
     async def get_session(self, agent: str, session_id: str) -> Session:
         agent_name("agent", agent)
@@ -52,11 +69,17 @@ class SessionReads:
         page_size: int,
         page_token: str,
         routing_key: str = "",
+        user_id: str = "",
     ) -> tuple[list[Session], str]:
         """A page of the agent's sessions (every agent's for "": the caller's
-        authorization decided that it may see them), newest first."""
+        authorization decided that it may see them), newest first; `user_id`: only
+        that user's (raw: hashed as the agent stores user ids)."""
         if agent:
             agent_name("agent", agent)
+        if user_id:
+            if not agent:
+                raise InvalidArgument("user_id", "filters one agent's sessions: name the agent")
+            validation.routing_key("user_id", user_id, max_len=256)
         if status not in set(SessionStatus):
             raise InvalidArgument("status", f"{status} is not a known SessionStatus")
         if transport:
@@ -66,13 +89,22 @@ class SessionReads:
         filters = [agent, status, transport]
         if routing_key:  # tokens issued before the filter existed stay valid without it
             filters.append(routing_key)
+        if user_id:
+            filters.append(["user", user_id])
         position = pagination.position_of(page_token, filters, int)
         before = position[0] if position else None
 
         def op() -> tuple[list[Session], str]:
-            if agent and self.store.agent_index(agent) is None:
+            found = self.store.agent_index(agent) if agent else None
+            if agent and found is None:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {agent!r} does not exist")
-            rows = self.store.list_sessions(agent, status, transport, before, size + 1, routing_key)
+            stored_user = user_id
+            if user_id and found is not None:  # hook (issue 23): stored as the agent stores it
+                redactor = self.core.redactor_for(self._settings(found))
+                stored_user = redactor.user(user_id) if redactor else user_id
+            rows = self.store.list_sessions(
+                agent, status, transport, before, size + 1, routing_key, stored_user
+            )
             more = len(rows) > size
             rows = rows[:size]
             sessions = [self.core.summary(row.session_id, row) for row in rows]
@@ -81,6 +113,12 @@ class SessionReads:
 
         # The agent's row, then its sessions': as one state (a rewind may undo both).
         return await self.runner.read(op, consistent=True)
+
+    def _settings(self, index: AgentIndex) -> AgentSettings | None:
+        if index.summary is not None:
+            return storage_format.decode_agent_summary(index.summary).settings
+        agent = self.store.agent_state(index.name)
+        return None if agent is None else agent.settings
 
     async def history(
         self,
@@ -142,15 +180,15 @@ class SessionReads:
 
     async def state(
         self, agent: str, session_id: str, at_sequence: int = 0
-    ) -> tuple[SessionState, Agent]:
+    ) -> tuple[SessionState, Agent, ScopedView]:
         """The session's and its agent's states now, or as of `at_sequence`: the fold
-        of their events active now, up to it."""
+        of their events active now, up to it; and the scoped state the session sees."""
         agent_name("agent", agent)
         checked_session_id(session_id)
         validation.int64("at_sequence", at_sequence)
         until = at_sequence or None
 
-        def op() -> tuple[SessionState, Agent]:
+        def op() -> tuple[SessionState, Agent, ScopedView]:
             self.core.session_of(agent, session_id)
             if until is not None:
                 self._check_retained(until)
@@ -161,7 +199,8 @@ class SessionReads:
                     "SESSION_NOT_FOUND",
                     f"session {session_id!r} had no active event at or before sequence {until}",
                 )
-            return state, owner
+            scoped = view(self.core.projection.framework.state, state.session, until)
+            return state, owner, scoped
 
         # A snapshot and the events after it, twice: a rewind committed between them
         # would fold a snapshot it abandoned with the events it left.

@@ -283,6 +283,9 @@ class TimeTravel:
         self.projection.refresh_sessions(session_states)
         for name, agent in agent_states.items():
             self.projection.refresh_agent(name, agent)
+        # Hook (issue 23): records, retractions, scoped state and sessions by user
+        # follow the marks (see `framework_projection.FrameworkProjection.moved`).
+        self.projection.framework.moved(planned, session_states)
         return logged
 
     def _move_versions_forward(
@@ -340,6 +343,8 @@ class TimeTravel:
         def op(_now: float) -> tuple[int, int]:
             self._check_reachable(below)
             blocking = self.store.entities_needing_events_below(below)
+            # Hook (issue 23): stored records keep their payloads in the log rows.
+            blocking += self.projection.framework.truncating(below)
             if blocking:
                 raise FailedPrecondition(
                     "SNAPSHOT_NEEDED",
@@ -347,6 +352,7 @@ class TimeTravel:
                     f"below {below} unnecessary (e.g. {sorted(blocking)[0]}); snapshot them "
                     "first or truncate lower",
                 )
+            self.projection.framework.keep_state_below(below)  # hook (issue 23)
             deleted = self.store.truncate_below(below)
             return below, deleted
 

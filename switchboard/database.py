@@ -46,6 +46,9 @@ class DatabaseSettings:
     max_batch: int = 128
     sqlite_integrity_check: IntegrityCheck = "quick"
     on_settings_mismatch: SettingsMismatch = "refuse"
+    #: SQLite `secure_delete`: deleted and overwritten content is zeroed in the file,
+    #: not left in free pages (the SessionService sets it, for erasure).
+    sqlite_secure_delete: bool = False
 
 
 #: Statements that only begin or end a transaction or a savepoint: not counted as

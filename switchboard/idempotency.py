@@ -32,7 +32,7 @@ import contextvars
 import hashlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -130,7 +130,11 @@ class RequestStore:
         table: str,
         window_s: float = DEFAULT_WINDOW_S,
         fingerprint_key: bytes | None = None,
+        subject_table: str = "",
     ) -> None:
+        """`subject_table`: where each record's subjects go (the sessions its request
+        or answer names: `RequestGuard.subjects`), so that an erasure finds the
+        answers that carry a session's content; "" keeps none."""
         if window_s <= 0:
             raise ValueError("the request-id window must be positive")
         self.backend = backend
@@ -169,6 +173,16 @@ class RequestStore:
             f"ORDER BY created_at LIMIT {PRUNE_BATCH}{skip})"
         )
         self._next_prune = 0.0  # monotonic; per process, a hint, not a guarantee
+        self.subject_table = subject_table
+        self._insert_subject = sql(
+            f"INSERT INTO {subject_table} (session_id, principal, request_id, created_at) "
+            "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+        )
+        self._prune_subjects = sql(
+            f"DELETE FROM {subject_table} WHERE (session_id, principal, request_id) IN "
+            f"(SELECT session_id, principal, request_id FROM {subject_table} "
+            f"WHERE created_at < ? ORDER BY created_at LIMIT {PRUNE_BATCH}{skip})"
+        )
 
     def lock_and_get(self, principal: str, request_id: str) -> tuple[bool, StoredRequest | None]:
         """(False, _) when another open transaction is working on this id right now;
@@ -185,11 +199,23 @@ class RequestStore:
         return True, StoredRequest(row[1], row[2], bytes(row[3]), float(row[4]))
 
     def insert(
-        self, now: float, principal: str, request_id: str, method: str, print_: str, answer: bytes
+        self,
+        now: float,
+        principal: str,
+        request_id: str,
+        method: str,
+        print_: str,
+        answer: bytes,
+        subjects: Sequence[str] = (),
     ) -> None:
         self._database.execute_sql(
             self._insert, (principal, request_id, method, print_, answer, now)
         )
+        if self.subject_table:
+            for subject in sorted(set(subjects)):
+                self._database.execute_sql(
+                    self._insert_subject, (subject, principal, request_id, now)
+                )
 
     def forget(self, principal: str, request_id: str) -> None:
         self._database.execute_sql(self._delete, (principal, request_id))
@@ -200,6 +226,9 @@ class RequestStore:
         if time.monotonic() < self._next_prune:
             return 0
         deleted = int(self._database.execute_sql(self._prune, (now - self.window_s,)).rowcount)
+        if self.subject_table:
+            subjects = self._database.execute_sql(self._prune_subjects, (now - self.window_s,))
+            deleted = max(deleted, int(subjects.rowcount))
         if deleted < PRUNE_BATCH:
             self._next_prune = time.monotonic() + self.prune_interval_s
         return deleted
@@ -229,6 +258,9 @@ class RequestGuard:
     encode: Callable[[Any], bytes]
     #: The response bytes of this attempt once its op ran (for the servicer).
     answer: bytes | None = field(default=None)
+    #: What the record is found by besides its id (the sessions the request or its
+    #: answer names), set by `encode`; kept when the store has a subject table.
+    subjects: list[str] = field(default_factory=list)
 
     def run(self, op: Callable[[float], T], now: float) -> T:
         store = self.store
@@ -250,7 +282,7 @@ class RequestGuard:
         if isinstance(result, NotAnAnswer):
             return result
         self.answer = self.encode(result)
-        store.insert(now, *key, self.method, self.fingerprint, self.answer)
+        store.insert(now, *key, self.method, self.fingerprint, self.answer, self.subjects)
         return result
 
     def _refuse_reuse(self, stored: StoredRequest) -> None:

@@ -66,8 +66,15 @@ def fingerprint(request: Message, key: bytes | None = None) -> str:
 class Mutations:
     """Declares the RPCs of one service that write (and so take a request_id)."""
 
-    def __init__(self, service: ServiceDescriptor) -> None:
+    def __init__(
+        self,
+        service: ServiceDescriptor,
+        subjects: Callable[[Message, Message], list[str]] | None = None,
+    ) -> None:
+        """`subjects`: what a remembered answer is found by besides its request id
+        (from the request and the response; see `RequestStore.subject_table`)."""
         self.service = service
+        self.subjects = subjects
         self.declared: set[str] = set()
 
     def __call__(
@@ -93,6 +100,8 @@ class Mutations:
 
                 def encode(result: Any) -> bytes:
                     built.append(to_response(result))
+                    if self.subjects is not None:
+                        guard.subjects = self.subjects(request, built[-1])
                     return built[-1].SerializeToString()
 
                 guard = RequestGuard(

@@ -82,6 +82,7 @@ class SqliteBackend:
                 "synchronous": settings.sqlite_synchronous,
                 "busy_timeout": settings.busy_timeout_ms,
                 "foreign_keys": 1,
+                "secure_delete": int(settings.sqlite_secure_delete),
             },
             timeout=settings.busy_timeout_ms / 1000,
             returning_clause=True,

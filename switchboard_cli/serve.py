@@ -90,6 +90,9 @@ class ServeOptions:
     lease_ttl: float
     backoff: tuple[float, ...]
     max_content_bytes: int
+    max_state_value_bytes: int
+    max_record_bytes: int
+    max_records_call_bytes: int
     request_id_window: float
     max_concurrent_rpcs: int | None
     max_watchers: int
@@ -237,8 +240,38 @@ class Checked:
 @click.option(
     "--max-content-bytes",
     default=256 * 1024,
+    type=click.IntRange(min=1),
     envvar="SWITCHBOARD_MAX_CONTENT_BYTES",
     show_default=True,
+    help="Longest message content accepted, in UTF-8 bytes: a session message (and its "
+    "tool call arguments) and an owed reply (both services).",
+)
+@click.option(
+    "--max-state-value-bytes",
+    default=256 * 1024,
+    type=click.IntRange(min=1),
+    envvar="SWITCHBOARD_MAX_STATE_VALUE_BYTES",
+    show_default=True,
+    help="Largest scoped state value (StateDelta), in UTF-8 bytes; an owner's entries "
+    "together stay below 1 MiB or this, whichever is higher.",
+)
+@click.option(
+    "--max-record-bytes",
+    default=1024 * 1024,
+    type=click.IntRange(min=1),
+    envvar="SWITCHBOARD_MAX_RECORD_BYTES",
+    show_default=True,
+    help="Largest stored record payload (PutRecords). Raising it past a few MiB needs "
+    "clients whose receive limit reads such records back (GetRecord answers one whole).",
+)
+@click.option(
+    "--max-records-call-bytes",
+    default=8 * 1024 * 1024,
+    type=click.IntRange(min=1),
+    envvar="SWITCHBOARD_MAX_RECORDS_CALL_BYTES",
+    show_default=True,
+    help="Most payload bytes one PutRecords call stores (one log row); keep it below "
+    "--max-message-bytes.",
 )
 @click.option(
     "--request-id-window",
@@ -478,6 +511,10 @@ def _session_unit(options: ServeOptions, checked: Checked) -> SessionUnit:
         snapshot_every=options.snapshot_every,
         request_id_window_s=options.request_id_window,
         max_watchers=options.max_watchers,
+        max_content_bytes=options.max_content_bytes,
+        max_state_value_bytes=options.max_state_value_bytes,
+        max_record_bytes=options.max_record_bytes,
+        max_records_call_bytes=options.max_records_call_bytes,
     )
     database = _database(options, checked.database_urls["session"])
     return SessionUnit(database, limits, migrate=not options.no_migrate, pii_key=checked.pii_key)

@@ -89,6 +89,14 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "SuspendSession": FOR_ITS_AGENTS,
     "ListResumable": FOR_ITS_AGENTS,
     "ExpireResumable": FOR_ITS_AGENTS,
+    "RetractMessages": FOR_ITS_AGENTS,
+    "UpdateState": FOR_ITS_AGENTS,
+    "GetUserState": FOR_ITS_AGENTS,
+    "PutRecords": FOR_ITS_AGENTS,
+    "GetRecord": FOR_ITS_AGENTS,
+    "ListRecords": FOR_ITS_AGENTS,
+    "EraseSession": FOR_ITS_AGENTS,
+    "EraseRecords": FOR_ITS_AGENTS,
     # DeliveryService: instances are their registrant's, rows their agent's.
     "RegisterInstance": ("U OK OK OK OK", "U OK OK P OK"),  # gateway tokens: own name only
     "Heartbeat": ITS_INSTANCES,
@@ -242,6 +250,22 @@ SESSION_REQUESTS: dict[str, Callable[[str, str], Any]] = {
     "SendToPeer": lambda o, s: pb.SendToPeerRequest(
         agent=o, session_id=s, to_agent=o, to_session_id=s, message=_message()
     ),
+    "RetractMessages": lambda o, s: pb.RetractMessagesRequest(
+        agent=o, session_id=s, newest_count=1
+    ),
+    "UpdateState": lambda o, s: pb.UpdateStateRequest(
+        agent=o,
+        session_id=s,
+        deltas=[pb.StateDelta(scope=pb.STATE_SCOPE_SESSION, set={"k": "1"})],
+    ),
+    "PutRecords": lambda o, s: pb.PutRecordsRequest(
+        agent=o, session_id=s, records=[pb.StoredRecord(kind="checkpoint", key="c1")]
+    ),
+    "ListRecords": lambda o, s: pb.ListRecordsRequest(agent=o, session_id=s, kind="checkpoint"),
+    "EraseSession": lambda o, s: pb.EraseSessionRequest(agent=o, session_id=s),
+    "EraseRecords": lambda o, s: pb.EraseRecordsRequest(
+        agent=o, session_id=s, kind="checkpoint", all=True
+    ),
 }
 
 
@@ -266,6 +290,18 @@ def _session_cell(rpc: str) -> Builder:
         return Cell(_call_session(world, rpc, request))
 
     return build
+
+
+def _record_read(world: World, owner: str, principal: str) -> Cell:
+    """GetRecord of a record its owner put."""
+    session_id = world.session_of(owner)
+    stored = pb.StoredRecord(kind="checkpoint", key="c1", payload=b"state")
+    world.sessions.PutRecords(
+        pb.PutRecordsRequest(agent=owner, session_id=session_id, records=[stored]),
+        metadata=world.as_admin(),
+    )
+    request = pb.GetRecordRequest(agent=owner, session_id=session_id, kind="checkpoint")
+    return Cell(lambda metadata: world.sessions.GetRecord(request, metadata=metadata))
 
 
 def _listed_sessions(world: World, owner: str, principal: str) -> Cell:
@@ -462,6 +498,16 @@ BUILDERS: dict[str, Builder] = {
     "SuspendSession": _session_cell("SuspendSession"),
     "ListResumable": _plain("ListResumable", lambda w, o: pb.ListResumableRequest(agent=o)),
     "ExpireResumable": _plain("ExpireResumable", lambda w, o: pb.ExpireResumableRequest(agent=o)),
+    "RetractMessages": _session_cell("RetractMessages"),
+    "UpdateState": _session_cell("UpdateState"),
+    "GetUserState": _plain(
+        "GetUserState", lambda w, o: pb.GetUserStateRequest(agent=o, user_id="someone")
+    ),
+    "PutRecords": _session_cell("PutRecords"),
+    "GetRecord": _record_read,
+    "ListRecords": _session_cell("ListRecords"),
+    "EraseSession": _session_cell("EraseSession"),
+    "EraseRecords": _session_cell("EraseRecords"),
     "RegisterInstance": lambda w, o, p: Cell(
         lambda metadata: w.delivery.RegisterInstance(
             dpb.RegisterInstanceRequest(gateway_name=f"gw-{o}", platforms=["web"]),

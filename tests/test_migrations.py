@@ -27,9 +27,12 @@ from delivery_service.migrations import DELIVERY_SCHEMA
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
 from session_service.app import SessionUnit
+from session_service.erasure_store import ErasureStore
+from session_service.framework_projection import FrameworkProjection
 from session_service.log_store import LogStore
 from session_service.migrations import BASELINE_MODELS as SESSION_BASELINE
 from session_service.migrations import SESSION_SCHEMA
+from session_service.pii import Redactor
 from switchboard import migrations
 from switchboard.database import Backend, DatabaseSettings, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
@@ -53,7 +56,9 @@ def backend(database_url: str) -> Iterator[Backend]:
 
 def _store_models(backend: Backend, component: migrations.Component) -> list[Any]:
     if component is SESSION_SCHEMA:
-        return list(LogStore(backend).models)
+        erasure = ErasureStore(backend, Redactor())
+        framework = FrameworkProjection(backend).models + erasure.models
+        return [*LogStore(backend).models, *framework]
     store = LedgerStore(backend, LedgerLimits())
     return [store.Instance, store.Obligation]
 

@@ -42,7 +42,12 @@ def test_the_client_agrees_with_a_real_server(session_client: SessionClient) -> 
     ids = {"chat_id": "!room:example.org", "thread_id": "$t:x%", "user_id": "@a:b"}
     session_client.create_agent("main")
     answered = session_client.resolve(
-        "main", transport="matrix", chat_type=pb.CHAT_TYPE_GROUP, **ids
+        "main",
+        transport="matrix",
+        chat_type=pb.CHAT_TYPE_GROUP,
+        chat_id=ids["chat_id"],
+        thread_id=ids["thread_id"],
+        user_id=ids["user_id"],
     ).session
     source = pb.Source(transport="matrix", chat_type=pb.CHAT_TYPE_GROUP, **ids)
     assert keys.routing_key("main", source) == answered.routing_key

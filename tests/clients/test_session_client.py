@@ -41,6 +41,9 @@ READS = {
     "ListCheckpoints",
     "ListLogEvents",
     "ListResumable",
+    "GetUserState",
+    "GetRecord",
+    "ListRecords",
 }
 #: Every write carries a request id, so a retry is answered, not run again (a
 #: deprecated one is ignored: ListResumable no longer writes).
@@ -496,7 +499,7 @@ def test_service_config_retries_exactly_the_idempotent_methods() -> None:
     methods = {method.name for method in service.methods}
     assert methods == RETRIED | NOT_RETRIED | STREAMING, "every method is classified"
     assert set(REQUEST_ID_METHODS) == WRITES, "the client sets ids for exactly the writes"
-    assert len(WRITES) == 24
+    assert len(WRITES) == 29
     streaming = {m.name for m in service.methods if m.server_streaming or m.client_streaming}
     assert streaming == STREAMING
 

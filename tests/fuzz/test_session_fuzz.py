@@ -20,6 +20,7 @@ from google.protobuf import field_mask_pb2
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
+from session_service.migrations import FRAMEWORK_TABLES
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.fuzz.checks import (
@@ -230,7 +231,45 @@ CHAT_SOURCE: Final = message(
     user_id=text("", "U1"),
     scope_id=text("", "T1"),
 )
-SOURCE: Final = union(NON_CHAT_SOURCE, CHAT_SOURCE)
+FRAMEWORK_SOURCE: Final = message(
+    pb.Source,
+    transport=text("adk", "openai_agents", "langgraph"),
+    conversation_id=text("s-1", "thread:9"),
+    user_id=text("", "alice", "org:7"),
+    chat_type=fixed(OMIT),
+)
+SOURCE: Final = union(NON_CHAT_SOURCE, CHAT_SOURCE, FRAMEWORK_SOURCE)
+JSON_VALUE: Final = text("1", '"text"', '{"a": [1, 2]}', "null")
+STATE_DELTA: Final = message(
+    pb.StateDelta,
+    scope=enum([1, 2, 3], invalid=[0]),
+    user_id=fixed(""),
+    set=string_map(KEY, JSON_VALUE, {"k": "1"}, {"greeting": '"hi"'}),
+    removed=string_list(KEY, [], ["gone"]),
+)
+RECORD_KIND: Final = text("checkpoint", "writes", "blob.v1")
+STORED_RECORD: Final = message(
+    pb.StoredRecord,
+    kind=RECORD_KIND,
+    namespace=text("", "child:1"),
+    key=text("c1", "c2", "1ef4-uuid"),
+    parent_key=text("", "c1"),
+    metadata=text("", '{"step": 1}', '{"source": "loop", "run_id": "r1"}'),
+    payload=fixed(b"\x80\x04blob"),
+    labels=string_map(text("run_id", "kind"), VALUE, {}, {"run_id": "r1"}),
+)
+LABEL_FILTER: Final = message(
+    pb.RecordLabelFilter, name=text("run_id"), values=string_list(text("r1", "r2"), ["r1"])
+)
+
+
+def sequences(seed: Seed) -> Field:
+    """A repeated uint64 of sequences: a few of the log's, or hostile numbers."""
+    good = st.lists(st.sampled_from([seed.created_seq, seed.head - 1, seed.head]), max_size=3)
+    bad = st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=300)
+    return Field(good, bad)
+
+
 NARROWING: Final = message(pb.Narrowing, rules=repeated(RULE))
 
 
@@ -447,6 +486,7 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
             session_id=_session(seed),
             expected_version=Field(st.one_of(st.just(OMIT), st.integers(0, 12)), uint64().hostile),
             events=_event_inputs(seed),
+            state_deltas=repeated(STATE_DELTA, max_valid=2),
         )
     ),
     "PostToInbox": _owned_request(
@@ -536,6 +576,45 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
             detail=text("", "retried by hand"),
         )
     ),
+    "RetractMessages": lambda seed: _owned_request(
+        pb.RetractMessagesRequest,
+        newest_count=uint32(1, 2, 100),
+        sequences=sequences(seed),
+        expected_version=optional(uint64(0, 3, 5)),
+    )(seed),
+    "UpdateState": _owned_request(
+        pb.UpdateStateRequest, deltas=repeated(STATE_DELTA, min_valid=1, max_valid=2)
+    ),
+    "GetUserState": lambda seed: request(
+        message(pb.GetUserStateRequest, agent=AGENT, user_id=text("alice", "org:7"))
+    ),
+    "PutRecords": _owned_request(
+        pb.PutRecordsRequest, records=repeated(STORED_RECORD, min_valid=1), versioned=boolean()
+    ),
+    "GetRecord": _owned_request(
+        pb.GetRecordRequest,
+        kind=RECORD_KIND,
+        namespace=text("", "child:1"),
+        key=text("", "c1"),
+        children_kind=text("", "writes"),
+    ),
+    "ListRecords": _owned_request(
+        pb.ListRecordsRequest,
+        kind=RECORD_KIND,
+        namespace=optional(text("", "child:1")),
+        keys=string_list(text("c1", "c2"), [], ["c1"]),
+        labels=repeated(LABEL_FILTER, max_valid=1),
+        metadata_filter=string_map(KEY, JSON_VALUE, {}, {"step": "1"}),
+        include_payloads=boolean(),
+        page_size=uint32(0, 1, 1000),
+    ),
+    "EraseSession": _owned_request(pb.EraseSessionRequest),
+    "EraseRecords": _owned_request(
+        pb.EraseRecordsRequest,
+        kind=RECORD_KIND,
+        keys=string_list(text("c1", "c2"), ["c1"]),
+        children_kind=text("", "writes"),
+    ),
 }
 
 #: RPCs that never write, whatever they answer.
@@ -551,6 +630,9 @@ READ_ONLY: Final = frozenset(
         "ListCheckpoints",
         "ListResumable",
         "ListLogEvents",
+        "GetUserState",
+        "GetRecord",
+        "ListRecords",
     }
 )
 #: Gated RPCs: a refusal is committed as a permission_checked audit event (by design).
@@ -599,6 +681,7 @@ TABLES: Final = (
     "session_rewind",
     "session_checkpoint",
     "session_retention",
+    *FRAMEWORK_TABLES,
 )
 Rows = dict[str, list[tuple[Any, ...]]]
 

@@ -16,7 +16,7 @@ import pytest
 
 from session_service import convert, records
 from session_service.app import SessionUnit
-from session_service.migrations import SESSION_SCHEMA
+from session_service.migrations import FRAMEWORK_TABLES, SESSION_SCHEMA
 from session_service.time_travel import TimeTravel
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -305,6 +305,8 @@ def test_migration_4_backfills_the_markers_from_the_rewind_records(
         database.execute_sql("DROP TABLE session_version_floor")
         database.execute_sql("DROP TABLE session_shared_setting")
         database.execute_sql("DROP TABLE session_key_report")
+        for table in FRAMEWORK_TABLES:  # migration 12
+            database.execute_sql(f"DROP TABLE {table}")
         _drop_active_markers(database)
         database.execute_sql(f"DELETE FROM {SESSION_SCHEMA.history_table} WHERE version >= 4")
     database.close()

@@ -58,7 +58,7 @@ def read_sessions(stub: spb_grpc.SessionServiceStub, head: int) -> dict[str, Any
         read["agents"][name] = {"agent": as_dict(got), "listed": as_dict(agent), "sessions": {}}
         for session in sessions:
             sid = session.session_id
-            key = {"agent": name, "session_id": sid}
+            key: dict[str, Any] = {"agent": name, "session_id": sid}
             state_request = spb.GetSessionStateRequest(agent=name, session_id=sid)
             state = stub.GetSessionState(state_request, timeout=TIMEOUT_S)
             read["agents"][name]["sessions"][sid] = {

@@ -4,15 +4,20 @@
 // vectors (protos/testdata/session_keys.json), is injective:
 //
 //   agent:<agent>:<transport>:<chat type>[:s=<scope>][:c=<chat>][:t=<thread>][:u=<user>]
-//   agent:<agent>:<transport>:id=<conversation id>                  web, cron, repl
+//   agent:<agent>:<transport>[:u=<user>]:id=<conversation id>       web, cron, repl, frameworks
 //   agent:<agent>:peer:from=<fromAgent>:id=<conversation id>         peer
 //
-// with '%' and ':' in every id written '%25' and '%3A'. Build from the source as
+// with '%' and ':' in every id written '%25' and '%3A'. The agent frameworks'
+// transports ('adk', 'openai_agents', 'langgraph') are non-chat ones. Build from the source as
 // the service stores it: for an agent that redacts PII its chat, thread and user
 // ids are hashed with the service's PII key first (so such keys need that key); a
 // peer source names its sending agent in `fromAgent`.
 
-export const NON_CHAT_TRANSPORTS = Object.freeze(new Set(['web', 'cron', 'repl', 'peer']));
+/** The agent frameworks' session stores (Google ADK, OpenAI Agents, LangGraph). */
+export const FRAMEWORK_TRANSPORTS = Object.freeze(new Set(['adk', 'openai_agents', 'langgraph']));
+export const NON_CHAT_TRANSPORTS = Object.freeze(
+  new Set(['web', 'cron', 'repl', 'peer', ...FRAMEWORK_TRANSPORTS]),
+);
 export const MAX_ROUTING_KEY_LEN = 512;
 
 /** @type {Map<string | number, string>} ChatType (name or number) -> the key's word. */
@@ -92,7 +97,7 @@ function keyIds(source, policy) {
     return [['from', source.fromAgent ?? ''], ['id', source.conversationId ?? '']];
   }
   if (NON_CHAT_TRANSPORTS.has(source.transport)) {
-    return [['id', source.conversationId ?? '']];
+    return [['u', source.userId ?? ''], ['id', source.conversationId ?? '']];
   }
   /** @type {Array<[string, string]>} */
   const ids = [['s', source.scopeId ?? '']];

@@ -395,4 +395,92 @@ export class SessionClient extends BaseClient {
   recordOperatorAction(request, options) {
     return this._unary('RecordOperatorAction', request, options);
   }
+
+  // -- what agent frameworks store (scoped state, retraction, records, erasure) --------
+  // Sessions are addressed by a framework's ids with resolveSession (a non-chat source
+  // with transport 'adk', 'openai_agents' or 'langgraph', userId and conversationId;
+  // lookupOnly never creates). State values are JSON text: JSON.stringify them.
+
+  /**
+   * Takes the newest messages (newestCount) or those at `sequences` out of the
+   * history in one logged, versioned change, and answers them (none: nothing written).
+   * @param {ProtoMessage} [request] RetractMessagesRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} RetractMessagesResponse
+   */
+  retractMessages(request, options) {
+    return this._unary('RetractMessages', request, options);
+  }
+
+  /**
+   * Applies scoped state deltas (session, user, agent) atomically, without events.
+   * @param {ProtoMessage} [request] UpdateStateRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} UpdateStateResponse
+   */
+  updateState(request, options) {
+    return this._unary('UpdateState', request, options);
+  }
+
+  /**
+   * The state an agent keeps for one of its users (a read).
+   * @param {ProtoMessage} [request] GetUserStateRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} GetUserStateResponse
+   */
+  getUserState(request, options) {
+    return this._unary('GetUserState', request, options);
+  }
+
+  /**
+   * Stores records (opaque payloads with kind, namespace, key, metadata and labels)
+   * in one logged event; unversioned unless `versioned`.
+   * @param {ProtoMessage} [request] PutRecordsRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} PutRecordsResponse
+   */
+  putRecords(request, options) {
+    return this._unary('PutRecords', request, options);
+  }
+
+  /**
+   * A record by key, or the newest of a namespace, with its payload (and children).
+   * @param {ProtoMessage} [request] GetRecordRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} GetRecordResponse
+   */
+  getRecord(request, options) {
+    return this._unary('GetRecord', request, options);
+  }
+
+  /**
+   * Records of a kind, newest put first, filtered and paged with nextPageToken.
+   * @param {ProtoMessage} [request] ListRecordsRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} ListRecordsResponse
+   */
+  listRecords(request, options) {
+    return this._unary('ListRecords', request, options);
+  }
+
+  /**
+   * Erases a session for good: no rewind or checkout brings its content back.
+   * @param {ProtoMessage} [request] EraseSessionRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} EraseSessionResponse
+   */
+  eraseSession(request, options) {
+    return this._unary('EraseSession', request, options);
+  }
+
+  /**
+   * Erases records of a kind by keys, labels, all, or all but the newest per
+   * namespace, with their children of `childrenKind`.
+   * @param {ProtoMessage} [request] EraseRecordsRequest
+   * @param {CallOptions} [options]
+   * @returns {Promise<ProtoMessage>} EraseRecordsResponse
+   */
+  eraseRecords(request, options) {
+    return this._unary('EraseRecords', request, options);
+  }
 }

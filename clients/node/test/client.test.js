@@ -166,6 +166,45 @@ describe('SessionService', () => {
   });
 });
 
+describe('what agent frameworks store', () => {
+  test('a framework session: looked up, state with an append, popped, records, erased', async () => {
+    await sessions.createAgent({ agent: { name: 'node-frameworks' } });
+    const source = { transport: 'adk', conversationId: 's-1', userId: 'alice' };
+    const missing = await refusal(sessions.resolveSession({ agent: 'node-frameworks', source, lookupOnly: true }));
+    assert.equal(missing.code, 'NOT_FOUND');
+    const { session } = await sessions.resolveSession({ agent: 'node-frameworks', source });
+    assert.equal(session.routingKey, routingKey('node-frameworks', source));
+    const ids = { agent: 'node-frameworks', sessionId: session.sessionId };
+    await sessions.appendEvents({
+      ...ids,
+      events: [{ messageAppended: { message: { role: 'ROLE_USER', content: 'hi' } } }],
+      stateDeltas: [
+        { scope: 'STATE_SCOPE_SESSION', set: { step: JSON.stringify(1) } },
+        { scope: 'STATE_SCOPE_USER', set: { lang: JSON.stringify('fr') } },
+      ],
+    });
+    await sessions.updateState({ ...ids, deltas: [{ scope: 'STATE_SCOPE_SESSION', removed: ['step'] }] });
+    const { scopedState } = await sessions.getSession({ ...ids, includeState: true });
+    assert.deepEqual(scopedState.session, {});
+    const user = await sessions.getUserState({ agent: 'node-frameworks', userId: 'alice' });
+    assert.deepEqual(user.state, { lang: '"fr"' });
+    const popped = await sessions.retractMessages({ ...ids, newestCount: 1 });
+    assert.deepEqual(popped.messages.map((m) => m.message.content), ['hi']);
+    assert.deepEqual((await sessions.getHistory(ids)).messages, [], 'popped: no longer history');
+
+    await sessions.putRecords({ ...ids, records: [{ kind: 'checkpoint', key: 'c1', payload: Buffer.from('blob') }] });
+    const { record } = await sessions.getRecord({ ...ids, kind: 'checkpoint', key: 'c1' });
+    assert.equal(Buffer.from(record.payload).toString(), 'blob');
+    const listed = await sessions.listRecords({ ...ids, kind: 'checkpoint' });
+    assert.deepEqual(listed.records.map((r) => r.key), ['c1']);
+    const erased = await sessions.eraseRecords({ ...ids, kind: 'checkpoint', all: true });
+    assert.equal(Number(erased.erasedRecords), 1);
+    await sessions.eraseSession(ids);
+    const gone = await refusal(sessions.resolveSession({ agent: 'node-frameworks', source }));
+    assert.equal(gone.reason, 'SESSION_ERASED');
+  });
+});
+
 describe('DeliveryService', () => {
   test('an obligation cut off by a crash is claimed by the next instance and delivered', async () => {
     const { instance: first } = await delivery.registerInstance({
@@ -331,12 +370,16 @@ async function losingProxy(target) {
 
 describe('request ids', () => {
   test('every write, and only the writes, carries one', () => {
-    assert.equal(sessions.requestIdMethods.size, 24);
+    assert.equal(sessions.requestIdMethods.size, 29);
     assert.equal(delivery.requestIdMethods.size, 12);
     for (const read of ['GetAgent', 'GetHistory', 'WatchEvents', 'ListResumable', 'ListLogEvents']) {
       assert.ok(!sessions.requestIdMethods.has(read), read);
     }
-    for (const write of ['AppendEvents', 'PostToInbox', 'Delegate', 'SendToPeer', 'ExpireResumable']) {
+    for (const read of ['GetUserState', 'GetRecord', 'ListRecords']) {
+      assert.ok(!sessions.requestIdMethods.has(read), read);
+    }
+    for (const write of ['AppendEvents', 'PostToInbox', 'Delegate', 'SendToPeer', 'ExpireResumable',
+      'RetractMessages', 'UpdateState', 'PutRecords', 'EraseSession', 'EraseRecords']) {
       assert.ok(sessions.requestIdMethods.has(write), write);
     }
     const config = /** @type {any} */ (delivery.serviceConfig());

@@ -1,5 +1,6 @@
 """Typed Python clients for Switchboard's gRPC services."""
 
+from switchboard_client._framework import state_delta, state_values
 from switchboard_client.aio import AsyncDeliveryClient, AsyncSessionClient
 from switchboard_client.delivery import SERVICE_CONFIG, DeliveryClient
 from switchboard_client.errors import SwitchboardError
@@ -15,4 +16,6 @@ __all__ = [
     "EventStream",
     "SessionClient",
     "SwitchboardError",
+    "state_delta",
+    "state_values",
 ]

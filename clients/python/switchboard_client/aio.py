@@ -6,7 +6,8 @@ the call discipline of the blocking clients (`switchboard_client._base`): the
 same service configs, per-attempt deadlines, request ids kept across retries,
 bearer token and `SwitchboardError`s. Method names, arguments and answers are
 those of `SessionClient` and `DeliveryClient`; lists are async iterators.
-They cover what a gateway needs; operator calls stay on the blocking clients.
+They cover what a gateway and an agent framework's adapter need; operator calls
+stay on the blocking clients.
 
 Create them inside the running event loop and use them from that loop only.
 """
@@ -25,6 +26,7 @@ from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
+from switchboard_client import _framework
 from switchboard_client._base import MUTATION_ATTEMPTS, AsyncBaseClient
 from switchboard_client._base import duration as _duration
 from switchboard_client.delivery import SERVICE_CONFIG as DELIVERY_SERVICE_CONFIG
@@ -75,8 +77,11 @@ class AsyncSessionClient(AsyncBaseClient):
         user_id: str = "",
         scope_id: str = "",
         request_id: str = "",
+        lookup_only: bool = False,
+        reopen_erased: bool = False,
     ) -> pb.ResolveSessionResponse:
-        """The session a message from this source belongs to, created on first contact."""
+        """The session a message from this source belongs to, created on first contact
+        (as `SessionClient.resolve`: `lookup_only` never creates)."""
         source = pb.Source(
             transport=transport,
             conversation_id=conversation_id,
@@ -86,12 +91,55 @@ class AsyncSessionClient(AsyncBaseClient):
             user_id=user_id,
             scope_id=scope_id,
         )
-        request = pb.ResolveSessionRequest(agent=agent, source=source)
+        request = pb.ResolveSessionRequest(
+            agent=agent, source=source, lookup_only=lookup_only, reopen_erased=reopen_erased
+        )
         return await self._call(self._stub.ResolveSession, request, request_id=request_id)
 
     async def get_session(self, agent: str, session_id: str) -> pb.Session:
         request = pb.GetSessionRequest(agent=agent, session_id=session_id)
         return (await self._call(self._stub.GetSession, request)).session
+
+    async def get_session_with_state(self, agent: str, session_id: str) -> pb.GetSessionResponse:
+        """A session and the scoped state it sees (as `SessionClient`'s)."""
+        request = pb.GetSessionRequest(agent=agent, session_id=session_id, include_state=True)
+        return await self._call(self._stub.GetSession, request)
+
+    async def spawn(
+        self,
+        agent: str,
+        session_id: str = "",
+        *,
+        temp_state: Mapping[str, str] | None = None,
+        request_id: str = "",
+        reopen_erased: bool = False,
+    ) -> pb.Session:
+        """Creates a session without a routing key (as `SessionClient.spawn`)."""
+        request = pb.SpawnSessionRequest(
+            agent=agent,
+            session_id=session_id,
+            temp_state=temp_state or {},
+            reopen_erased=reopen_erased,
+        )
+        return (await self._call(self._stub.SpawnSession, request, request_id=request_id)).session
+
+    async def iter_sessions(
+        self,
+        agent: str,
+        *,
+        status: pb.SessionStatus.ValueType = pb.SESSION_STATUS_UNSPECIFIED,
+        transport: str = "",
+        page_size: int = 0,
+        user_id: str = "",
+    ) -> AsyncIterator[pb.Session]:
+        """The agent's sessions, newest first, as `SessionClient.list_sessions` yields
+        them (an async iterator)."""
+        request = pb.ListSessionsRequest(
+            agent=agent, status=status, transport=transport, page_size=page_size, user_id=user_id
+        )
+        async for page in self._pages(self._stub.ListSessions, request):
+            for session in page.sessions:
+                yield session
 
     async def reset(
         self, agent: str, session_id: str, reason: str = "", *, request_id: str = ""
@@ -135,9 +183,14 @@ class AsyncSessionClient(AsyncBaseClient):
         expected_version: int | None = None,
         request_id: str = "",
         sequences_only: bool = False,
+        state_deltas: Sequence[pb.StateDelta] = (),
     ) -> pb.AppendEventsResponse:
         request = pb.AppendEventsRequest(
-            agent=agent, session_id=session_id, events=events, sequences_only=sequences_only
+            agent=agent,
+            session_id=session_id,
+            events=events,
+            sequences_only=sequences_only,
+            state_deltas=state_deltas,
         )
         if expected_version is not None:
             request.expected_version = expected_version
@@ -198,6 +251,146 @@ class AsyncSessionClient(AsyncBaseClient):
     async def state(self, agent: str, session_id: str) -> pb.GetSessionStateResponse:
         request = pb.GetSessionStateRequest(agent=agent, session_id=session_id)
         return await self._call(self._stub.GetSessionState, request)
+
+    async def end(
+        self, agent: str, session_id: str, reason: str = "", *, request_id: str = ""
+    ) -> pb.Session:
+        """Ends a session; its routing key no longer resolves to it."""
+        request = pb.EndSessionRequest(agent=agent, session_id=session_id, reason=reason)
+        return (await self._call(self._stub.EndSession, request, request_id=request_id)).session
+
+    # -- what agent frameworks store (as `SessionClient`'s methods of the same names) ---
+
+    async def retract_messages(
+        self,
+        agent: str,
+        session_id: str,
+        *,
+        newest_count: int = 0,
+        sequences: Sequence[int] = (),
+        expected_version: int | None = None,
+        request_id: str = "",
+    ) -> pb.RetractMessagesResponse:
+        request = _framework.retract_request(
+            agent, session_id, newest_count, sequences, expected_version
+        )
+        return await self._call(self._stub.RetractMessages, request, request_id=request_id)
+
+    async def update_state(
+        self,
+        agent: str,
+        deltas: Sequence[pb.StateDelta],
+        *,
+        session_id: str = "",
+        expected_version: int | None = None,
+        request_id: str = "",
+    ) -> pb.UpdateStateResponse:
+        request = _framework.update_state_request(agent, deltas, session_id, expected_version)
+        return await self._call(self._stub.UpdateState, request, request_id=request_id)
+
+    async def user_state(self, agent: str, user_id: str) -> pb.GetUserStateResponse:
+        request = pb.GetUserStateRequest(agent=agent, user_id=user_id)
+        return await self._call(self._stub.GetUserState, request)
+
+    async def put_records(
+        self,
+        agent: str,
+        session_id: str,
+        records: Sequence[pb.StoredRecord],
+        *,
+        versioned: bool = False,
+        expected_version: int | None = None,
+        request_id: str = "",
+    ) -> pb.PutRecordsResponse:
+        request = _framework.put_records_request(
+            agent, session_id, records, versioned, expected_version
+        )
+        return await self._call(self._stub.PutRecords, request, request_id=request_id)
+
+    async def get_record(
+        self,
+        agent: str,
+        session_id: str,
+        kind: str,
+        *,
+        namespace: str = "",
+        key: str = "",
+        children_kind: str = "",
+    ) -> pb.GetRecordResponse:
+        request = pb.GetRecordRequest(
+            agent=agent,
+            session_id=session_id,
+            kind=kind,
+            namespace=namespace,
+            key=key,
+            children_kind=children_kind,
+        )
+        return await self._call(self._stub.GetRecord, request)
+
+    async def list_records(
+        self,
+        agent: str,
+        kind: str,
+        *,
+        session_id: str = "",
+        namespace: str | None = None,
+        keys: Sequence[str] = (),
+        parent_key: str | None = None,
+        before_key: str = "",
+        labels: _framework.Labels | None = None,
+        metadata_filter: Mapping[str, Any] | None = None,
+        include_payloads: bool = False,
+        page_size: int = 0,
+    ) -> AsyncIterator[pb.StoredRecord]:
+        request = _framework.list_records_request(
+            agent,
+            kind,
+            session_id=session_id,
+            namespace=namespace,
+            keys=keys,
+            parent_key=parent_key,
+            before_key=before_key,
+            labels=labels,
+            metadata_filter=metadata_filter,
+            include_payloads=include_payloads,
+            page_size=page_size,
+        )
+        async for page in self._pages(self._stub.ListRecords, request):
+            for record in page.records:
+                yield record
+
+    async def erase_session(
+        self, agent: str, session_id: str, *, request_id: str = ""
+    ) -> pb.EraseSessionResponse:
+        request = pb.EraseSessionRequest(agent=agent, session_id=session_id)
+        return await self._call(self._stub.EraseSession, request, request_id=request_id)
+
+    async def erase_records(
+        self,
+        agent: str,
+        kind: str,
+        *,
+        session_id: str = "",
+        namespace: str | None = None,
+        keys: Sequence[str] = (),
+        labels: _framework.Labels | None = None,
+        all_records: bool = False,
+        keep_newest_per_namespace: int | None = None,
+        children_kind: str = "",
+        request_id: str = "",
+    ) -> pb.EraseRecordsResponse:
+        request = _framework.erase_records_request(
+            agent,
+            kind,
+            session_id=session_id,
+            namespace=namespace,
+            keys=keys,
+            labels=labels,
+            all_records=all_records,
+            keep_newest_per_namespace=keep_newest_per_namespace,
+            children_kind=children_kind,
+        )
+        return await self._call(self._stub.EraseRecords, request, request_id=request_id)
 
 
 class AsyncDeliveryClient(AsyncBaseClient):

@@ -6,10 +6,11 @@ it answers in `Session.routing_key` is the key. The rule, checked against the
 published vectors (protos/testdata/session_keys.json), is injective:
 
     agent:<agent>:<transport>:<chat type>[:s=<scope>][:c=<chat>][:t=<thread>][:u=<user>]
-    agent:<agent>:<transport>:id=<conversation id>                   web, cron, repl
+    agent:<agent>:<transport>[:u=<user>]:id=<conversation id>        web, cron, repl, frameworks
     agent:<agent>:peer:from=<from_agent>:id=<conversation id>         peer
 
-with '%' and ':' in every id written '%25' and '%3A'. Build from the source as the
+with '%' and ':' in every id written '%25' and '%3A'. The agent frameworks' transports
+("adk", "openai_agents", "langgraph") are non-chat ones. Build from the source as the
 service stores it: for an agent that redacts PII its chat, thread and user ids are
 hashed with the service's PII key first (so such keys need that key); a peer source
 names its sending agent in `from_agent`.
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 from switchboard.session.v1 import session_service_pb2 as pb
 
-NON_CHAT_TRANSPORTS = frozenset({"web", "cron", "repl", "peer"})
+#: The agent frameworks' session stores (Google ADK, OpenAI Agents, LangGraph).
+FRAMEWORK_TRANSPORTS = frozenset({"adk", "openai_agents", "langgraph"})
+NON_CHAT_TRANSPORTS = frozenset({"web", "cron", "repl", "peer"}) | FRAMEWORK_TRANSPORTS
 MAX_ROUTING_KEY_LEN = 512
 _CHAT_TYPE_NAMES = {
     pb.CHAT_TYPE_DM: "dm",
@@ -55,7 +58,7 @@ def _ids(source: pb.Source, policy: pb.RoutingPolicy | None) -> list[tuple[str, 
     if source.transport == "peer":
         return [("from", source.from_agent), ("id", source.conversation_id)]
     if source.transport in NON_CHAT_TRANSPORTS:
-        return [("id", source.conversation_id)]
+        return [("u", source.user_id), ("id", source.conversation_id)]
     ids = [("s", source.scope_id)]
     if source.chat_type == pb.CHAT_TYPE_DM:
         owner = ("c", source.chat_id) if source.chat_id else ("u", source.user_id)

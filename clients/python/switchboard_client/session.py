@@ -18,6 +18,7 @@ from google.protobuf import field_mask_pb2
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
+from switchboard_client import _framework
 from switchboard_client._base import MUTATION_ATTEMPTS, BaseClient, service_config
 from switchboard_client.errors import SwitchboardError, from_rpc_error
 
@@ -34,6 +35,9 @@ READ_METHODS: tuple[str, ...] = (
     "ListCheckpoints",
     "ListLogEvents",
     "ListResumable",
+    "GetUserState",
+    "GetRecord",
+    "ListRecords",
 )
 #: Writes: each carries a request id (one per logical call, the same on every
 #: retry), so the server answers a retry of a committed call from its record
@@ -64,6 +68,11 @@ REQUEST_ID_METHODS: tuple[str, ...] = (
     "SuspendSession",
     "ExpireResumable",
     "RecordOperatorAction",
+    "RetractMessages",
+    "UpdateState",
+    "PutRecords",
+    "EraseSession",
+    "EraseRecords",
 )
 #: Retried on UNAVAILABLE by the channel: the reads and the writes with request ids.
 RETRYABLE_METHODS: tuple[str, ...] = READ_METHODS + REQUEST_ID_METHODS
@@ -216,11 +225,17 @@ class SessionClient(BaseClient):
         user_id: str = "",
         scope_id: str = "",
         request_id: str = "",
+        lookup_only: bool = False,
+        reopen_erased: bool = False,
     ) -> pb.ResolveSessionResponse:
         """The session a message from this source belongs to, created on first contact.
 
-        Non-chat transports ("web", "cron", "repl", "peer") need `conversation_id`;
-        chat platforms need `chat_type` and the chat's ids.
+        Non-chat transports ("web", "cron", "repl", "peer", and the agent frameworks'
+        "adk", "openai_agents", "langgraph") need `conversation_id` (and may name the
+        conversation's `user_id`); chat platforms need `chat_type` and the chat's ids.
+        `lookup_only`: never create; a source without a session raises NOT_FOUND.
+        `reopen_erased`: open a new session for a conversation whose session was
+        erased (otherwise FAILED_PRECONDITION, SESSION_ERASED).
         """
         source = pb.Source(
             transport=transport,
@@ -231,7 +246,9 @@ class SessionClient(BaseClient):
             user_id=user_id,
             scope_id=scope_id,
         )
-        request = pb.ResolveSessionRequest(agent=agent, source=source)
+        request = pb.ResolveSessionRequest(
+            agent=agent, source=source, lookup_only=lookup_only, reopen_erased=reopen_erased
+        )
         return self._call(self._stub.ResolveSession, request, request_id=request_id)
 
     def join(self, agent: str, session_id: str) -> pb.Session:
@@ -246,10 +263,15 @@ class SessionClient(BaseClient):
         *,
         temp_state: Mapping[str, str] | None = None,
         request_id: str = "",
+        reopen_erased: bool = False,
     ) -> pb.Session:
-        """Creates a session without a routing key; `session_id` "" generates one."""
+        """Creates a session without a routing key; `session_id` "" generates one.
+        `reopen_erased`: take an id whose session was erased."""
         request = pb.SpawnSessionRequest(
-            agent=agent, session_id=session_id, temp_state=temp_state or {}
+            agent=agent,
+            session_id=session_id,
+            temp_state=temp_state or {},
+            reopen_erased=reopen_erased,
         )
         return self._call(self._stub.SpawnSession, request, request_id=request_id).session
 
@@ -258,6 +280,12 @@ class SessionClient(BaseClient):
         request = pb.GetSessionRequest(agent=agent, session_id=session_id)
         return self._call(self._stub.GetSession, request).session
 
+    def get_session_with_state(self, agent: str, session_id: str) -> pb.GetSessionResponse:
+        """A session's summary and the scoped state it sees (`scoped_state`: its own, its
+        user's, its agent's; values are JSON text, `state_values` decodes them)."""
+        request = pb.GetSessionRequest(agent=agent, session_id=session_id, include_state=True)
+        return self._call(self._stub.GetSession, request)
+
     def list_sessions(
         self,
         agent: str,
@@ -265,10 +293,12 @@ class SessionClient(BaseClient):
         status: pb.SessionStatus.ValueType = pb.SESSION_STATUS_UNSPECIFIED,
         transport: str = "",
         page_size: int = 0,
+        user_id: str = "",
     ) -> Iterator[pb.Session]:
-        """The agent's sessions, newest first, fetching pages lazily as iteration goes."""
+        """The agent's sessions, newest first, fetching pages lazily as iteration goes;
+        `user_id`: only that user's (Source.user_id)."""
         request = pb.ListSessionsRequest(
-            agent=agent, status=status, transport=transport, page_size=page_size
+            agent=agent, status=status, transport=transport, page_size=page_size, user_id=user_id
         )
         for page in self._pages(self._stub.ListSessions, request):
             yield from page.sessions
@@ -341,6 +371,7 @@ class SessionClient(BaseClient):
         expected_version: int | None = None,
         request_id: str = "",
         sequences_only: bool = False,
+        state_deltas: Sequence[pb.StateDelta] = (),
     ) -> pb.AppendEventsResponse:
         """Appends events atomically (all or none).
 
@@ -348,10 +379,15 @@ class SessionClient(BaseClient):
         in `metadata["version"]`) when the session moved on meanwhile. An append whose
         echo would not fit one answer is refused unwritten (INVALID_ARGUMENT,
         ANSWER_TOO_LARGE); with `sequences_only` the answer carries the version and
-        `sequences`, not the events, and such an append goes through.
+        `sequences`, not the events, and such an append goes through. `state_deltas`
+        (`state_delta(...)`) change scoped state in the same transaction.
         """
         request = pb.AppendEventsRequest(
-            agent=agent, session_id=session_id, events=events, sequences_only=sequences_only
+            agent=agent,
+            session_id=session_id,
+            events=events,
+            sequences_only=sequences_only,
+            state_deltas=state_deltas,
         )
         if expected_version is not None:
             request.expected_version = expected_version
@@ -496,6 +532,155 @@ class SessionClient(BaseClient):
         return EventStream(
             self._stub.WatchEvents(request, timeout=timeout_s, metadata=self._metadata)
         )
+
+    # -- what agent frameworks store ------------------------------------------------------
+
+    def retract_messages(
+        self,
+        agent: str,
+        session_id: str,
+        *,
+        newest_count: int = 0,
+        sequences: Sequence[int] = (),
+        expected_version: int | None = None,
+        request_id: str = "",
+    ) -> pb.RetractMessagesResponse:
+        """Takes the newest `newest_count` messages (or those at `sequences`) out of the
+        history in one logged, versioned change; answers them (none: nothing was there,
+        nothing written). A rewind past it brings them back."""
+        request = _framework.retract_request(
+            agent, session_id, newest_count, sequences, expected_version
+        )
+        return self._call(self._stub.RetractMessages, request, request_id=request_id)
+
+    def update_state(
+        self,
+        agent: str,
+        deltas: Sequence[pb.StateDelta],
+        *,
+        session_id: str = "",
+        expected_version: int | None = None,
+        request_id: str = "",
+    ) -> pb.UpdateStateResponse:
+        """Applies scoped state changes (`state_delta(...)`) atomically, without events;
+        SESSION-scoped ones need `session_id`."""
+        request = _framework.update_state_request(agent, deltas, session_id, expected_version)
+        return self._call(self._stub.UpdateState, request, request_id=request_id)
+
+    def user_state(self, agent: str, user_id: str) -> pb.GetUserStateResponse:
+        """The state the agent keeps for one user (JSON text values: `state_values`)."""
+        request = pb.GetUserStateRequest(agent=agent, user_id=user_id)
+        return self._call(self._stub.GetUserState, request)
+
+    def put_records(
+        self,
+        agent: str,
+        session_id: str,
+        records: Sequence[pb.StoredRecord],
+        *,
+        versioned: bool = False,
+        expected_version: int | None = None,
+        request_id: str = "",
+    ) -> pb.PutRecordsResponse:
+        """Stores records in one logged event; unversioned unless `versioned`."""
+        request = _framework.put_records_request(
+            agent, session_id, records, versioned, expected_version
+        )
+        return self._call(self._stub.PutRecords, request, request_id=request_id)
+
+    def get_record(
+        self,
+        agent: str,
+        session_id: str,
+        kind: str,
+        *,
+        namespace: str = "",
+        key: str = "",
+        children_kind: str = "",
+    ) -> pb.GetRecordResponse:
+        """A record by key (or "" the newest of the namespace), with its payload and,
+        given `children_kind`, its children; NOT_FOUND (RECORD_NOT_FOUND) if none."""
+        request = pb.GetRecordRequest(
+            agent=agent,
+            session_id=session_id,
+            kind=kind,
+            namespace=namespace,
+            key=key,
+            children_kind=children_kind,
+        )
+        return self._call(self._stub.GetRecord, request)
+
+    def list_records(
+        self,
+        agent: str,
+        kind: str,
+        *,
+        session_id: str = "",
+        namespace: str | None = None,
+        keys: Sequence[str] = (),
+        parent_key: str | None = None,
+        before_key: str = "",
+        labels: _framework.Labels | None = None,
+        metadata_filter: Mapping[str, Any] | None = None,
+        include_payloads: bool = False,
+        page_size: int = 0,
+    ) -> Iterator[pb.StoredRecord]:
+        """Records of a kind, newest put first, in a session (or every session of the
+        agent), fetching pages lazily; `labels` maps a label to its accepted values,
+        `metadata_filter` a metadata key to the value it must have."""
+        request = _framework.list_records_request(
+            agent,
+            kind,
+            session_id=session_id,
+            namespace=namespace,
+            keys=keys,
+            parent_key=parent_key,
+            before_key=before_key,
+            labels=labels,
+            metadata_filter=metadata_filter,
+            include_payloads=include_payloads,
+            page_size=page_size,
+        )
+        for page in self._pages(self._stub.ListRecords, request):
+            yield from page.records
+
+    def erase_session(
+        self, agent: str, session_id: str, *, request_id: str = ""
+    ) -> pb.EraseSessionResponse:
+        """Erases a session for good: its content leaves the log (tombstones keep the
+        sequence), snapshots, projections and remembered answers; no rewind or
+        checkout brings it back."""
+        request = pb.EraseSessionRequest(agent=agent, session_id=session_id)
+        return self._call(self._stub.EraseSession, request, request_id=request_id)
+
+    def erase_records(
+        self,
+        agent: str,
+        kind: str,
+        *,
+        session_id: str = "",
+        namespace: str | None = None,
+        keys: Sequence[str] = (),
+        labels: _framework.Labels | None = None,
+        all_records: bool = False,
+        keep_newest_per_namespace: int | None = None,
+        children_kind: str = "",
+        request_id: str = "",
+    ) -> pb.EraseRecordsResponse:
+        """Erases records of a kind (exactly one of `keys`, `labels`, `all_records`,
+        `keep_newest_per_namespace`), with their children of `children_kind`."""
+        request = _framework.erase_records_request(
+            agent,
+            kind,
+            session_id=session_id,
+            namespace=namespace,
+            keys=keys,
+            labels=labels,
+            all_records=all_records,
+            keep_newest_per_namespace=keep_newest_per_namespace,
+            children_kind=children_kind,
+        )
+        return self._call(self._stub.EraseRecords, request, request_id=request_id)
 
     # -- time travel ----------------------------------------------------------------------
 

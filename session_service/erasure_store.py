@@ -1,0 +1,223 @@
+"""Erasure's storage: what it rewrites and deletes, and what it remembers.
+
+- Rewrites: an erased session's log rows become tombstones in place (kind
+  `erased`, the payload an `Erased` event that keeps only the row's sequence,
+  agent and session id), and a RecordsPut row whose records are erased is
+  re-encoded with those records as empty placeholders.
+- Deletes: the session's snapshots and projection rows, and the remembered
+  answers of request ids that name it (`session_request_subject` says which: the
+  sessions a request or its answer names, written with the answer).
+- Remembers: `session_erased_id` (erased session ids) and `session_erased_key`
+  (a digest of each erased routing key, keyed with the PII key when the server has
+  one, never the key: it holds user ids), so that resolving or spawning them again
+  is refused unless asked for.
+
+On SQLite the session database runs with `secure_delete` on (freed pages and
+cells are zeroed), and `checkpoint_wal` empties the write-ahead log afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import peewee
+
+from session_service import pii, storage_format
+from session_service.records import Erased, Event
+from switchboard.database import Backend, bind_model
+from switchboard.sqlite_backend import SqliteBackend
+
+ERASED_KIND = "erased"
+#: The request-record table erasure deletes from, and its subjects.
+REQUEST_SUBJECTS = "session_request_subject"
+
+
+class ErasedIdRow(peewee.Model):
+    session_id = peewee.CharField(max_length=128, primary_key=True)
+    agent = peewee.CharField(max_length=64)
+    erased_seq = peewee.BigIntegerField()  # the Erasure record
+
+    class Meta:
+        table_name = "session_erased_id"
+
+
+class ErasedKeyRow(peewee.Model):
+    agent = peewee.CharField(max_length=64)
+    key_digest = peewee.CharField(max_length=64)  # sha256 hex of the routing key
+    erased_seq = peewee.BigIntegerField()
+
+    class Meta:
+        table_name = "session_erased_key"
+        primary_key = peewee.CompositeKey("agent", "key_digest")
+
+
+class RequestSubjectRow(peewee.Model):
+    session_id = peewee.CharField(max_length=128)
+    principal = peewee.CharField(max_length=160)
+    request_id = peewee.CharField(max_length=64)
+    created_at = peewee.DoubleField(index=True)
+
+    class Meta:
+        table_name = REQUEST_SUBJECTS
+        primary_key = peewee.CompositeKey("session_id", "principal", "request_id")
+
+
+def tombstone(seq: int, agent: str, session_id: str) -> bytes:
+    """An erased row's payload: its place in the log, nothing of what it said."""
+    return storage_format.encode_event(
+        Event(sequence=seq, agent=agent, session_id=session_id, body=Erased())
+    )
+
+
+class ErasureStore:
+    def __init__(self, backend: Backend, redactor: pii.Redactor) -> None:
+        self.backend = backend
+        self.redactor = redactor
+        self.database: Any = backend.database
+        self.ErasedId = bind_model(ErasedIdRow, self.database)
+        self.ErasedKey = bind_model(ErasedKeyRow, self.database)
+        self.Subject = bind_model(RequestSubjectRow, self.database)
+        self.models = (self.ErasedId, self.ErasedKey, self.Subject)
+        self._q = self.database.param
+
+    def _sql(self, text: str) -> str:
+        return text.replace("?", self._q)
+
+    def _run(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.database.execute_sql(self._sql(sql), list(params))
+
+    # -- remembered erasures ----------------------------------------------------------------
+
+    def erased_id(self, session_id: str) -> int | None:
+        """The sequence of the erasure of this session id, if it was erased."""
+        row = self._run(
+            "SELECT erased_seq FROM session_erased_id WHERE session_id = ?", [session_id]
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def erased_key(self, agent: str, routing_key: str) -> int | None:
+        row = self._run(
+            "SELECT erased_seq FROM session_erased_key WHERE agent = ? AND key_digest = ?",
+            [agent, self._digest(routing_key)],
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    def _digest(self, routing_key: str) -> str:
+        """A routing key as remembered: a digest keyed like redacted ids (a plain one
+        of a key holding a short user id gives the id away to brute force)."""
+        return self.redactor.digest(routing_key, chars=64)
+
+    def remember(self, agent: str, session_id: str, routing_key: str, seq: int) -> None:
+        self._run(
+            "INSERT INTO session_erased_id (session_id, agent, erased_seq) VALUES (?, ?, ?) "
+            "ON CONFLICT (session_id) DO UPDATE SET erased_seq = excluded.erased_seq",
+            [session_id, agent, seq],
+        )
+        if routing_key:
+            self._run(
+                "INSERT INTO session_erased_key (agent, key_digest, erased_seq) VALUES (?, ?, ?) "
+                "ON CONFLICT (agent, key_digest) DO UPDATE SET erased_seq = excluded.erased_seq",
+                [agent, self._digest(routing_key), seq],
+            )
+
+    def forget_id(self, session_id: str) -> None:
+        """A reopened id: no longer refused (a later erasure remembers it again)."""
+        self._run("DELETE FROM session_erased_id WHERE session_id = ?", [session_id])
+
+    def forget_key(self, agent: str, routing_key: str) -> None:
+        self._run(
+            "DELETE FROM session_erased_key WHERE agent = ? AND key_digest = ?",
+            [agent, self._digest(routing_key)],
+        )
+
+    # -- rewriting the log ------------------------------------------------------------------
+
+    def session_rows(self, session_id: str) -> list[tuple[int, str]]:
+        """(sequence, kind) of every log row of the session, any branch."""
+        rows = self._run(
+            "SELECT seq, kind FROM session_log WHERE session_id = ? ORDER BY seq", [session_id]
+        ).fetchall()
+        return [(int(seq), str(kind)) for seq, kind in rows]
+
+    def tombstone_rows(self, agent: str, session_id: str, seqs: Iterable[int]) -> int:
+        """Each row becomes a tombstone in place; how many (already erased ones too)."""
+        count = 0
+        sql = self._sql(
+            "UPDATE session_log SET kind = ?, format = ?, payload = ?, tool_ref = NULL, "
+            "inbound_ref = NULL WHERE seq = ?"
+        )
+        for seq in seqs:
+            self.database.execute_sql(
+                sql,
+                [ERASED_KIND, storage_format.CURRENT, tombstone(seq, agent, session_id), seq],
+            )
+            count += 1
+        return count
+
+    def rewrite_row(self, seq: int, event: Event) -> None:
+        """A log row re-encoded (a RecordsPut with records erased)."""
+        self._run(
+            "UPDATE session_log SET format = ?, payload = ? WHERE seq = ?",
+            [storage_format.CURRENT, storage_format.encode_event(event), seq],
+        )
+
+    def log_rows(self, seqs: Sequence[int]) -> list[tuple[int, Event]]:
+        if not seqs:
+            return []
+        rows = self._run(
+            "SELECT seq, format, payload FROM session_log "
+            f"WHERE seq IN ({', '.join('?' for _ in seqs)})",
+            seqs,
+        ).fetchall()
+        return [(int(seq), storage_format.decode_event(int(f), p)) for seq, f, p in rows]
+
+    def abandoned_puts(self, agent: str, session_id: str) -> list[tuple[int, Event]]:
+        """The RecordsPut rows a rewind abandoned, of one session or (session "") of
+        every session of the agent: their records are erased too, or a checkout
+        would restore them."""
+        where = "session_id = ?" if session_id else "agent = ? AND session_id IS NOT NULL"
+        rows = self._run(
+            f"SELECT seq, format, payload FROM session_log WHERE {where} "
+            "AND kind = 'records_put' AND active = ? ORDER BY seq",
+            [session_id or agent, False],
+        ).fetchall()
+        return [(int(seq), storage_format.decode_event(int(f), p)) for seq, f, p in rows]
+
+    # -- deleting projections ---------------------------------------------------------------
+
+    def drop_session_rows(self, session_id: str) -> None:
+        """The session's snapshots and the core's projection rows of it."""
+        for sql in (
+            "DELETE FROM session_snapshot WHERE entity = ?",
+            "DELETE FROM session_session WHERE session_id = ?",
+            "DELETE FROM session_route WHERE session_id = ?",
+            "DELETE FROM session_lineage WHERE session_id = ?",
+            "DELETE FROM session_key_report WHERE session_id = ?",
+        ):
+            key = f"session:{session_id}" if "session_snapshot" in sql else session_id
+            self._run(sql, [key])
+
+    def drop_answers_naming(self, session_id: str, request_table: str) -> int:
+        """The remembered answers of requests that named the session: a retry of
+        one runs again (and finds the session gone)."""
+        deleted = self._run(
+            f"DELETE FROM {request_table} WHERE EXISTS (SELECT 1 FROM {REQUEST_SUBJECTS} s "
+            f"WHERE s.session_id = ? AND s.principal = {request_table}.principal "
+            f"AND s.request_id = {request_table}.request_id)",
+            [session_id],
+        ).rowcount
+        self._run(f"DELETE FROM {REQUEST_SUBJECTS} WHERE session_id = ?", [session_id])
+        return int(deleted or 0)
+
+    # -- after the commit -------------------------------------------------------------------
+
+    def checkpoint_wal(self) -> bool:
+        """SQLite: copies the write-ahead log into the database and truncates it, so
+        that it holds no copy of erased pages (outside a transaction; SQLite waits up
+        to the busy timeout for readers of older snapshots). True once done, False
+        while readers still hold it. Postgres: nothing to do (True)."""
+        if not isinstance(self.backend, SqliteBackend):
+            return True
+        busy = self.database.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        return not busy
