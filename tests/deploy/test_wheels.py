@@ -213,6 +213,8 @@ def test_client_side_suite_passes_against_the_installed_wheels(
     (suite / "pyproject.toml").write_bytes((installed.tree / "pyproject.toml").read_bytes())
     # The published key vectors the clients' key builders are checked against (data).
     shutil.copytree(installed.tree / "protos" / "testdata", suite / "protos" / "testdata")
+    # The Node client's reply sealer, which the sealed-target test runs with node (not Python).
+    shutil.copytree(installed.tree / "clients" / "node" / "src", suite / "clients" / "node" / "src")
     origins_file = tmp_path / "origins.json"
     result = subprocess.run(
         [str(installed.server_venv.python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
