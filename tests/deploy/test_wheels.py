@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.deploy.artefacts import (
@@ -197,6 +198,36 @@ def test_installed_server_serves_from_an_empty_directory_and_stops_on_sigterm(
         assert {"delivery.sqlite3", "session.sqlite3"} <= set(os.listdir(workdir / "var"))
         code = server.terminate()
     assert code == 0, "".join(server.output)
+
+
+def test_the_installed_console_serves_its_pages_beside_the_services(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """`serve all --console-listen` from the server wheel: the console's templates and
+    static files are in the wheel, and its pages render against the installed services."""
+    workdir = tmp_path / "empty"
+    workdir.mkdir()
+    extra = ("--console-listen", "127.0.0.1:0")
+    with serve_all(installed.server_venv.bin / "switchboard", workdir, *extra) as server:
+        console = _console_url(server.output)
+        with httpx.Client(base_url=console, follow_redirects=False, timeout=10) as browser:
+            # Authentication is off on both services: the console's login takes no token.
+            login = browser.post("/login", data={"token": ""}, headers={"origin": console})
+            assert login.status_code == 303, login.text
+            for page in ("/", "/sessions", "/deliveries", "/audit", "/static/console.css"):
+                answer = browser.get(page)
+                assert answer.status_code == 200, f"{page}: {answer.status_code} {answer.text}"
+        assert server.terminate() == 0, "".join(server.output)
+
+
+def _console_url(output: list[str], timeout_s: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in list(output):
+            if "console on http://" in line:
+                return line.split("console on ", 1)[1].strip()
+        time.sleep(0.1)
+    raise AssertionError("the console did not start:\n" + "".join(output))
 
 
 def test_client_side_suite_passes_against_the_installed_wheels(
