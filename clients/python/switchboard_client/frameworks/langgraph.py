@@ -111,9 +111,12 @@ class SwitchboardSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]
         if remembered is not None:
             return remembered
         self._ensure_agent()
-        resolved = self.client.resolve(
-            self.agent, transport=rec.TRANSPORT, conversation_id=thread_id, reopen_erased=True
-        )
+        try:
+            resolved = self.client.resolve(
+                self.agent, transport=rec.TRANSPORT, conversation_id=thread_id, reopen_erased=True
+            )
+        except SwitchboardError as exc:
+            raise _as_langgraph_error(exc) from exc
         return self._remember(thread_id, resolved.session.session_id)
 
     def _session_for_read(self, thread_id: str) -> str | None:
@@ -128,7 +131,7 @@ class SwitchboardSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]
         except SwitchboardError as exc:
             if _absent(exc):
                 return None
-            raise
+            raise _as_langgraph_error(exc) from exc
         return self._remember(thread_id, resolved.session.session_id)
 
     def _on_session(self, thread_id: str, call: Callable[[str], T], *, write: bool, absent: T) -> T:
@@ -306,6 +309,8 @@ class SwitchboardSaver(BaseCheckpointSaver[str]):  # type: ignore[misc]
         try:
             first = next(records, None)
         except SwitchboardError as exc:
+            if exc.reason == "AGENT_NOT_FOUND":
+                return iter(())  # nothing was ever written
             if exc.reason != "RECORD_NOT_FOUND" or not filters.before_key:
                 raise
             # `before` names a checkpoint not stored here: compare ids, as SQL savers do.
