@@ -9,6 +9,7 @@ import operator
 from typing import Annotated, Any, TypedDict
 
 from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 from switchboard_client.frameworks.langgraph import SwitchboardSaver
@@ -108,12 +109,37 @@ class Log(TypedDict):
     lines: Annotated[list[str], DeltaChannel(_concat, snapshot_frequency=3)]
 
 
-def test_prune_keeps_what_a_delta_channel_needs(saver: SwitchboardSaver) -> None:
+def _delta_graph(saver: SwitchboardSaver) -> Any:
     builder = StateGraph(Log)
     builder.add_node("note", lambda state: {"lines": [f"line {len(state['lines'])}"]})
     builder.add_edge(START, "note")
     builder.add_edge("note", END)
-    graph = builder.compile(checkpointer=saver)
+    return builder.compile(checkpointer=saver)
+
+
+def test_the_delta_history_walk_answers_as_langgraphs_default(saver: SwitchboardSaver) -> None:
+    graph = _delta_graph(saver)
+    config = {"configurable": {"thread_id": "delta-walk"}}
+    for turn in range(4):
+        graph.invoke({"lines": [f"turn {turn}"]}, config)
+    history = list(graph.get_state_history(config))
+    fork = graph.update_state(history[5].config, {"lines": ["forked"]}, as_node="note")
+    graph.invoke({"lines": ["after fork"]}, fork)
+    targets = [config, fork, *(snapshot.config for snapshot in history)]
+    for target in targets:
+        ours = saver.get_delta_channel_history(config=target, channels=["lines", "none"])
+        default = BaseCheckpointSaver.get_delta_channel_history(
+            saver, config=target, channels=["lines", "none"]
+        )
+        assert ours == default
+    assert asyncio.run(saver.aget_delta_channel_history(config=config, channels=["lines"])) == (
+        saver.get_delta_channel_history(config=config, channels=["lines"])
+    )
+    assert graph.get_state(config).values["lines"][-3:] == ["forked", "after fork", "line 6"]
+
+
+def test_prune_keeps_what_a_delta_channel_needs(saver: SwitchboardSaver) -> None:
+    graph = _delta_graph(saver)
     config = {"configurable": {"thread_id": "delta"}}
     for turn in range(5):
         graph.invoke({"lines": [f"turn {turn}"]}, config)

@@ -219,3 +219,37 @@ def next_version(current: str | int | float | None) -> str:
     else:
         count = int(current.split(".")[0])
     return f"{count + 1:032}.{random.random():016}"
+
+
+class DeltaWalk:
+    """DeltaChannel's ancestor walk (`get_delta_channel_history`), fed one ancestor at a
+    time, newest first: each channel collects the ancestors' writes until the nearest
+    ancestor that stores its value (the seed), as LangGraph's default walk does."""
+
+    def __init__(self, serde: Any, channels: Sequence[str]) -> None:
+        self.serde = serde
+        self.channels = list(channels)
+        self.remaining = set(channels)
+        self.collected: dict[str, list[tuple[str, str, Any]]] = {c: [] for c in channels}
+        self.seeds: dict[str, Any] = {}
+
+    def visit(self, record: pb.StoredRecord, writes: Iterable[pb.StoredRecord]) -> bool:
+        """One ancestor and its writes; False once every channel has its seed."""
+        for write in reversed(pending_writes(self.serde, writes)):
+            if write[1] in self.remaining:
+                self.collected[write[1]].append(write)
+        values = self.serde.loads_typed(unframe(record.payload)).get("channel_values") or {}
+        for channel in list(self.remaining):
+            if channel in values:
+                self.seeds[channel] = values[channel]
+                self.remaining.discard(channel)
+        return bool(self.remaining)
+
+    def result(self) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for channel in self.channels:
+            entry: dict[str, Any] = {"writes": list(reversed(self.collected[channel]))}
+            if channel in self.seeds:
+                entry["seed"] = self.seeds[channel]
+            found[channel] = entry
+        return found
