@@ -21,6 +21,8 @@ def test_the_conformance_suite_passes_every_capability(client: SessionClient) ->
 
     report = asyncio.run(validate(checkpointer_test(name="SwitchboardSaver")(fresh_saver)))
     report.print_report()
+    for name, result in sorted(report.results.items()):
+        print(f"{name}: {result.tests_passed} passed, {result.tests_failed} failed")
     failures = {
         name: result.failures for name, result in report.results.items() if not result.passed
     }

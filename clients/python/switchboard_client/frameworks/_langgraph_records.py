@@ -179,17 +179,12 @@ def checkpoint_tuple(
 
 def copied(record: pb.StoredRecord, thread_id: str) -> pb.StoredRecord:
     """A record as put again under another thread (copy_thread)."""
-    labels = dict(record.labels)
-    labels[THREAD_LABEL] = _label("thread_id", thread_id)
-    return pb.StoredRecord(
-        kind=record.kind,
-        namespace=record.namespace,
-        key=record.key,
-        parent_key=record.parent_key,
-        metadata=record.metadata,
-        payload=record.payload,
-        labels=labels,
-    )
+    copy = pb.StoredRecord()
+    copy.CopyFrom(record)
+    for answered_only in ("session_id", "sequence", "payload_size"):
+        copy.ClearField(answered_only)
+    copy.labels[THREAD_LABEL] = _label("thread_id", thread_id)
+    return copy
 
 
 def delta_channels(record: pb.StoredRecord) -> set[str]:

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
-from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
+
+try:
+    from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
+except ImportError as missing:  # the extra is not installed: say which one
+    raise ImportError(
+        f"switchboard_client.frameworks.langgraph needs langgraph ({missing.name} is "
+        "missing): pip install 'switchboard-client[langgraph]'"
+    ) from missing
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard_client.errors import SwitchboardError
