@@ -155,3 +155,29 @@ def test_prune_keeps_what_a_delta_channel_needs(saver: SwitchboardSaver) -> None
     assert graph.get_state(config).values["lines"] == whole
     graph.invoke({"lines": ["turn 5"]}, config)
     assert graph.get_state(config).values["lines"] == [*whole, "turn 5", "line 11"]
+
+
+def test_a_subgraph_interrupt_resumes_from_its_own_namespace(saver: SwitchboardSaver) -> None:
+    inner = StateGraph(Chat)
+    inner.add_node("ask", _ask)
+    inner.add_edge(START, "ask")
+    inner.add_edge("ask", END)
+    outer = StateGraph(Chat)
+    outer.add_node("inner", inner.compile())
+    outer.add_node("greet", _greet)
+    outer.add_edge(START, "inner")
+    outer.add_edge("inner", "greet")
+    outer.add_edge("greet", END)
+    graph = outer.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "nested"}}
+
+    graph.invoke({"said": ["hi"]}, config)
+    paused = graph.get_state(config, subgraphs=True)
+    [task] = paused.tasks
+    assert task.name == "inner" and task.state is not None
+    assert task.state.next == ("ask",)
+    assert task.state.config["configurable"]["checkpoint_ns"].startswith("inner:")
+    namespaces = {t.config["configurable"]["checkpoint_ns"] for t in saver.list(config)}
+    assert len(namespaces) == 2  # without a namespace, list takes the root and the subgraph
+    done = graph.invoke(Command(resume="kim"), config)
+    assert done["said"][-1] == "hello kim"
