@@ -87,9 +87,10 @@ def test_a_checkpoint_over_the_servers_record_limit_is_a_value_error(
 ) -> None:
     kept = saver.put(THREAD, empty_checkpoint(), {"step": 0}, {})
     huge = _with_value("x" * (2 * 1024 * 1024))
-    with pytest.raises(ValueError, match="max-record-bytes") as refused:
+    with pytest.raises(
+        ValueError, match=r"accepts at most 1048576 per record \(--max-record-bytes\)"
+    ):
         saver.put(kept, huge, {"step": 1}, {"x": 1})
-    print(refused.value)
     listed = list(saver.list(THREAD))
     assert [t.config["configurable"]["checkpoint_id"] for t in listed] == [
         kept["configurable"]["checkpoint_id"]
