@@ -29,6 +29,7 @@ from bench import (
     console,
     db_latency,
     feature_costs,
+    langgraph_checkpoints,
     open_loop,
     peers,
     reads,
@@ -67,6 +68,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "feature-costs": feature_costs.run,
     "reads": reads.run,
     "console": console.run,
+    "langgraph": langgraph_checkpoints.run,
 }
 #: The goal-line figures each section gives.
 SIDES = {**throughput.SIDES, "timetravel": timetravel.SIDES, "peers": tuple(goals.PEER_SIDES)}

@@ -44,6 +44,9 @@ pytestmark = pytest.mark.slow
 VERSION = (ROOT / "VERSION").read_text().strip()
 #: The client's extras, one per platform adapter module (switchboard_client.platforms.*).
 PLATFORM_EXTRAS = ("telegram", "slack")
+#: The framework adapters (switchboard_client.frameworks.*) and the extra each needs.
+FRAMEWORK_EXTRAS = {"switchboard_client.frameworks.langgraph": "langgraph"}
+FRAMEWORKS = "switchboard_client.frameworks."
 CLIENT_CALLS = Path(__file__).with_name("client_calls.py")
 
 
@@ -70,7 +73,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     # would (a second step: pip resolves a wheel file with extras apart from the pin on it).
     run(
         [server_venv.python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         f"{wheels.client}[{','.join(PLATFORM_EXTRAS)}]"],
+         f"{wheels.client}[{','.join([*PLATFORM_EXTRAS, *FRAMEWORK_EXTRAS.values()])}]"],
         cwd=server_venv.root,
     )  # fmt: skip
     print(
@@ -133,7 +136,9 @@ def test_client_only_install_imports_the_client_and_nothing_of_the_server(
     venv = installed.client_venv
     everything = _module_names(_wheel_files(installed.wheels.client))
     adapters = [f"switchboard_client.platforms.{extra}" for extra in PLATFORM_EXTRAS]
-    modules = [name for name in everything if name not in adapters]
+    modules = [
+        name for name in everything if name not in adapters and not name.startswith(FRAMEWORKS)
+    ]
     origins = _imports_from(venv, modules)
     site = str(venv.site_packages())
     assert {name: path for name, path in origins.items() if not path.startswith(site)} == {}
@@ -146,7 +151,8 @@ def test_client_only_install_imports_the_client_and_nothing_of_the_server(
     present = json.loads(run([venv.python, "-c", absent], cwd=venv.root, env=clean_environment()))
     assert present == [], f"the client-only venv has server parts: {present}"
     # Without its extra, an adapter's import says which extra to install.
-    for extra, module in zip(PLATFORM_EXTRAS, adapters, strict=True):
+    needing = [*zip(adapters, PLATFORM_EXTRAS, strict=True), *FRAMEWORK_EXTRAS.items()]
+    for module, extra in needing:
         refused = subprocess.run(
             [venv.python, "-c", f"import {module}"],
             cwd=venv.root, env=clean_environment(), capture_output=True, text=True, check=False,
