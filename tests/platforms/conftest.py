@@ -14,10 +14,10 @@ import pytest
 from switchboard_client import DeliveryClient, SessionClient
 from switchboard_client.aio import AsyncDeliveryClient, AsyncSessionClient
 from switchboard_client.async_gateway import AsyncGateway, Turn
+from switchboard_client.testing import SlackStandIn, TelegramStandIn
 
 from delivery_service.state_machine import LedgerLimits
 from tests.harness import EventLoopThread, delivery_server, session_server
-from tests.platforms.standins import SlackStandIn, TelegramStandIn
 
 #: The bot whose instances the tests start (and restart): only they claim its rows.
 BOT = "platform-bot"

@@ -1,7 +1,7 @@
 """SlackAdapter on slack_sdk's AsyncWebClient, against the Web/Events API stand-in and
 real services.
 
-What the stand-in leaves out of Slack's APIs is listed in tests/platforms/standins.py;
+What the stand-in leaves out of Slack's APIs is listed in switchboard_client.testing;
 what the adapter covers, in switchboard_client/platforms/slack.py.
 """
 
@@ -22,12 +22,7 @@ from switchboard_client.adapters import SendFailed
 from switchboard_client.async_gateway import Turn
 from switchboard_client.gateway import RECOVERED_MARKER
 from switchboard_client.platforms.slack import SlackAdapter
-
-from switchboard.delivery.v1 import delivery_service_pb2 as dpb
-from switchboard.session.v1 import session_service_pb2 as pb
-from tests.platforms.conftest import Services, echo, running_gateway, until, wait_until
-from tests.platforms.processes import GatewayProcess
-from tests.platforms.standins import (
+from switchboard_client.testing import (
     SLACK_TEAM,
     Failure,
     Sent,
@@ -35,6 +30,11 @@ from tests.platforms.standins import (
     slack_error,
     slack_rate_limited,
 )
+
+from switchboard.delivery.v1 import delivery_service_pb2 as dpb
+from switchboard.session.v1 import session_service_pb2 as pb
+from tests.platforms.conftest import Services, echo, running_gateway, until, wait_until
+from tests.platforms.processes import GatewayProcess
 
 DM = "D0000DM01"
 CHANNEL = "C0000GEN1"
