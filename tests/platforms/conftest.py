@@ -46,19 +46,15 @@ def services(database_url: str, loop_thread: EventLoopThread) -> Iterator[Servic
 
 
 @pytest.fixture
-def telegram(loop_thread: EventLoopThread) -> Iterator[TelegramStandIn]:
-    standin = TelegramStandIn(loop_thread)
-    standin.start()
-    yield standin
-    standin.stop()
+def telegram() -> Iterator[TelegramStandIn]:
+    with TelegramStandIn() as standin:
+        yield standin
 
 
 @pytest.fixture
-def slack(loop_thread: EventLoopThread) -> Iterator[SlackStandIn]:
-    standin = SlackStandIn(loop_thread)
-    standin.start()
-    yield standin
-    standin.stop()
+def slack() -> Iterator[SlackStandIn]:
+    with SlackStandIn() as standin:
+        yield standin
 
 
 async def echo(turn: Turn) -> str:
