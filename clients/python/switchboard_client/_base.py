@@ -411,7 +411,7 @@ class _Method(Generic[_P, _Built, _Done]):
     ) -> None:
         self._build = build
         self._perform = perform
-        self._name = build.__name__
+        self.__name__ = self.__qualname__ = build.__name__
         self.__doc__ = build.__doc__
         # What help() and inspect show: the builder's parameters (its return is the
         # described call, not what the method answers).
@@ -420,7 +420,8 @@ class _Method(Generic[_P, _Built, _Done]):
         )
 
     def __set_name__(self, owner: type[Any], name: str) -> None:
-        self._name = name
+        self.__name__ = name
+        self.__qualname__ = f"{owner.__qualname__}.{name}"
 
     @overload
     def __get__(self, client: None, owner: type[Any]) -> Self: ...
@@ -436,7 +437,7 @@ class _Method(Generic[_P, _Built, _Done]):
         def method(*args: _P.args, **kwargs: _P.kwargs) -> _Done:
             return perform(client, build(*args, **kwargs))
 
-        method.__name__ = method.__qualname__ = self._name
+        method.__name__, method.__qualname__ = self.__name__, self.__qualname__
         method.__doc__ = self.__doc__
         method.__signature__ = self.__signature__  # type: ignore[attr-defined]
         return method
