@@ -48,10 +48,10 @@ class DiesFinishingTheTurn(Gateway):
             if not after_append:
                 raise ProcessDied
             answer = append(*append_args, **append_kwargs)
-            self.sessions.mark_resumable = _dies  # type: ignore[method-assign]
+            self.sessions.mark_resumable = _dies
             return answer
 
-        self.sessions.append = finishing  # type: ignore[method-assign]
+        self.sessions.append = finishing
 
 
 def _dies(*_args: Any, **_kwargs: Any) -> Any:
@@ -267,7 +267,7 @@ def test_a_message_stored_before_the_crash_is_answered_after_the_restart(
         post(*args, **kwargs)
         raise ProcessDied
 
-    crashed_sessions.post_message = post_then_die  # type: ignore[method-assign]
+    crashed_sessions.post_message = post_then_die
     with pytest.raises(ProcessDied):
         crashed.handle(Inbound(DM, "hello", message_ref="m-1"))
     _crash(crashed)

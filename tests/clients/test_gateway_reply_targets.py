@@ -140,7 +140,7 @@ def test_a_turn_cut_off_right_after_its_post_is_answered_at_the_raw_chat(
         post(*args, **kwargs)
         raise ProcessDied
 
-    sessions.post_message = post_then_die  # type: ignore[method-assign]
+    sessions.post_message = post_then_die
     with pytest.raises(ProcessDied):
         crashed.handle(Inbound(TOPIC, "hello", message_ref="m-1"))
     crashed.stop()

@@ -150,6 +150,15 @@ def test_client_only_install_imports_the_client_and_nothing_of_the_server(
     )
     present = json.loads(run([venv.python, "-c", absent], cwd=venv.root, env=clean_environment()))
     assert present == [], f"the client-only venv has server parts: {present}"
+    # The platform stand-ins, a shipped testing aid, serve on the client's runtime alone.
+    assert "switchboard_client.testing" in origins
+    standin = (
+        "from switchboard_client.testing import SlackStandIn, TelegramStandIn\n"
+        "with TelegramStandIn() as telegram, SlackStandIn() as slack:\n"
+        "    print(telegram.base_url.startswith('http://127.0.0.1:'), bool(slack.url))"
+    )
+    served = run([venv.python, "-c", standin], cwd=venv.root, env=clean_environment())
+    assert served.split() == ["True", "True"]
     # Without its extra, an adapter's import says which extra to install.
     needing = [*zip(adapters, PLATFORM_EXTRAS, strict=True), *FRAMEWORK_EXTRAS.items()]
     for module, extra in needing:

@@ -14,10 +14,10 @@ import pytest
 from switchboard_client import DeliveryClient, SessionClient
 from switchboard_client.aio import AsyncDeliveryClient, AsyncSessionClient
 from switchboard_client.async_gateway import AsyncGateway, Turn
+from switchboard_client.testing import SlackStandIn, TelegramStandIn
 
 from delivery_service.state_machine import LedgerLimits
 from tests.harness import EventLoopThread, delivery_server, session_server
-from tests.platforms.standins import SlackStandIn, TelegramStandIn
 
 #: The bot whose instances the tests start (and restart): only they claim its rows.
 BOT = "platform-bot"
@@ -46,19 +46,15 @@ def services(database_url: str, loop_thread: EventLoopThread) -> Iterator[Servic
 
 
 @pytest.fixture
-def telegram(loop_thread: EventLoopThread) -> Iterator[TelegramStandIn]:
-    standin = TelegramStandIn(loop_thread)
-    standin.start()
-    yield standin
-    standin.stop()
+def telegram() -> Iterator[TelegramStandIn]:
+    with TelegramStandIn() as standin:
+        yield standin
 
 
 @pytest.fixture
-def slack(loop_thread: EventLoopThread) -> Iterator[SlackStandIn]:
-    standin = SlackStandIn(loop_thread)
-    standin.start()
-    yield standin
-    standin.stop()
+def slack() -> Iterator[SlackStandIn]:
+    with SlackStandIn() as standin:
+        yield standin
 
 
 async def echo(turn: Turn) -> str:

@@ -25,9 +25,9 @@ from switchboard_client.aio import AsyncDeliveryClient, AsyncSessionClient
 from switchboard_client.async_gateway import AsyncGateway, Turn
 from switchboard_client.platforms.slack import SlackAdapter
 from switchboard_client.platforms.telegram import TelegramAdapter
+from switchboard_client.testing import SlackStandIn, TelegramStandIn
 
 from tests.platforms.conftest import BOT
-from tests.platforms.standins import SlackStandIn, TelegramStandIn
 
 
 async def answer(turn: Turn) -> str:

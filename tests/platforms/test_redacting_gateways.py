@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 from switchboard_client import DeliveryClient, SessionClient
 from switchboard_client.gateway import RECOVERED_MARKER
+from switchboard_client.testing import Sent, TelegramStandIn
 
 from delivery_service.state_machine import LedgerLimits
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
@@ -20,7 +21,6 @@ from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import EventLoopThread, delivery_server, session_server
 from tests.platforms.conftest import Services, wait_until
 from tests.platforms.processes import GatewayProcess
-from tests.platforms.standins import Sent, TelegramStandIn
 
 pytestmark = pytest.mark.slow
 

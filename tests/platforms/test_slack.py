@@ -1,7 +1,7 @@
 """SlackAdapter on slack_sdk's AsyncWebClient, against the Web/Events API stand-in and
 real services.
 
-What the stand-in leaves out of Slack's APIs is listed in tests/platforms/standins.py;
+What the stand-in leaves out of Slack's APIs is listed in switchboard_client.testing;
 what the adapter covers, in switchboard_client/platforms/slack.py.
 """
 
@@ -22,12 +22,7 @@ from switchboard_client.adapters import SendFailed
 from switchboard_client.async_gateway import Turn
 from switchboard_client.gateway import RECOVERED_MARKER
 from switchboard_client.platforms.slack import SlackAdapter
-
-from switchboard.delivery.v1 import delivery_service_pb2 as dpb
-from switchboard.session.v1 import session_service_pb2 as pb
-from tests.platforms.conftest import Services, echo, running_gateway, until, wait_until
-from tests.platforms.processes import GatewayProcess
-from tests.platforms.standins import (
+from switchboard_client.testing import (
     SLACK_TEAM,
     Failure,
     Sent,
@@ -35,6 +30,11 @@ from tests.platforms.standins import (
     slack_error,
     slack_rate_limited,
 )
+
+from switchboard.delivery.v1 import delivery_service_pb2 as dpb
+from switchboard.session.v1 import session_service_pb2 as pb
+from tests.platforms.conftest import Services, echo, running_gateway, until, wait_until
+from tests.platforms.processes import GatewayProcess
 
 DM = "D0000DM01"
 CHANNEL = "C0000GEN1"
@@ -116,7 +116,7 @@ def test_unsigned_bot_and_edit_events_write_nothing(
     from_a_bot["event"]["bot_id"] = "B0000OTHER"
     an_edit = slack.message_event(DM, "edited")
     an_edit["event"]["subtype"] = "message_changed"
-    forged = SlackStandIn(slack.loop, signing_secret="not-the-secret")
+    forged = SlackStandIn(signing_secret="not-the-secret")
 
     async def scenario() -> None:
         async with _serving(services, _adapter(slack)) as url:
@@ -240,7 +240,7 @@ def test_a_gateway_killed_between_send_and_mark_is_redelivered_once_with_the_mar
             os.kill(first.pid, signal.SIGKILL)
 
         slack.on_send = kill
-        with pytest.raises(aiohttp.ClientError):  # the process died under the request
+        with pytest.raises(ConnectionError):  # the process died under the request
             asyncio.run(slack.deliver_event(first.events_url, event))
         first.wait_killed()
         slack.on_send = None
@@ -311,7 +311,7 @@ def test_an_event_whose_process_died_mid_turn_is_resumed_once_by_the_process_sla
     )
     event = slack.message_event(DM, "hello")
     try:
-        with pytest.raises(aiohttp.ClientError):  # the process died under the request
+        with pytest.raises(ConnectionError):  # the process died under the request
             asyncio.run(slack.deliver_event(first.events_url, event))
         first.wait_killed()
         assert asyncio.run(slack.deliver_event(second.events_url, event, retry_num=1)) == 200

@@ -1,6 +1,6 @@
 """TelegramAdapter on python-telegram-bot, against the Bot API stand-in and real services.
 
-What the stand-in leaves out of the Bot API is listed in tests/platforms/standins.py;
+What the stand-in leaves out of the Bot API is listed in switchboard_client.testing;
 what the adapter covers, in switchboard_client/platforms/telegram.py.
 """
 
@@ -14,12 +14,12 @@ import pytest
 from switchboard_client.adapters import SendFailed
 from switchboard_client.gateway import RECOVERED_MARKER
 from switchboard_client.platforms.telegram import TelegramAdapter
+from switchboard_client.testing import Failure, Sent, TelegramStandIn, telegram_error
 
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.platforms.conftest import Services, running_gateway, until, wait_until
 from tests.platforms.processes import GatewayProcess
-from tests.platforms.standins import Failure, Sent, TelegramStandIn, telegram_error
 
 DM_CHAT = 99
 FORUM = -1002285219667

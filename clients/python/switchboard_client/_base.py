@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator
-from types import TracebackType
-from typing import Any, Protocol, Self, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from typing import Any, ClassVar, Generic, ParamSpec, Protocol, Self, TypeVar, overload
 
 import grpc
 from google.protobuf import duration_pb2
 
+from switchboard_client._calls import Call, Pages
 from switchboard_client.errors import SwitchboardError, from_rpc_error
 
 #: Ceiling for any call on a channel built from a service config; the per-call deadline
@@ -66,6 +67,9 @@ _RETRIED_WITH_REQUEST_ID = frozenset(
 
 _Request = TypeVar("_Request")
 _Response = TypeVar("_Response")
+_Out = TypeVar("_Out")
+_Item = TypeVar("_Item")
+_P = ParamSpec("_P")
 
 
 class _PageRequest(Protocol):
@@ -151,8 +155,46 @@ def duration(seconds: float) -> duration_pb2.Duration:
     return value
 
 
-class BaseClient:
-    """A channel plus the call discipline; subclasses add a stub and typed methods.
+class _Client:
+    """What a blocking and an asyncio client hold alike: the settings and the stub.
+
+    A subclass names its service's `SERVICE_CONFIG` and generated `STUB` class.
+    """
+
+    SERVICE_CONFIG: ClassVar[dict[str, Any]]
+    STUB: ClassVar[type[Any]]
+
+    def __init__(
+        self,
+        channel: Any,
+        owns_channel: bool,
+        timeout_s: float,
+        best_effort_timeout_s: float,
+        token: str | None,
+        mutation_attempts: int,
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.best_effort_timeout_s = best_effort_timeout_s
+        self.mutation_attempts = max(1, mutation_attempts)
+        self._metadata = bearer(token)
+        self._owns_channel = owns_channel
+        self._channel = channel
+        self._stub = self.STUB(channel)
+
+    def _deadline(self, call: Call[Any]) -> float | None:
+        return self.best_effort_timeout_s if call.short_deadline else call.timeout_s
+
+    def _method(self, call: Call[Any] | Pages[Any]) -> Any:
+        """The stub's method for a call (the same name on both kinds of stub); the
+        error of a call whose request could not be built is raised here."""
+        if isinstance(call, Call) and call.unbuilt is not None:
+            raise call.unbuilt
+        return getattr(self._stub, call.method)
+
+
+class BaseClient(_Client):
+    """A channel plus the call discipline; subclasses name a service config and a stub
+    and list their methods (`blocking(...)` over the `_calls` builders).
 
     Thread-safe, like its channel.
     """
@@ -161,27 +203,25 @@ class BaseClient:
         self,
         target: str,
         *,
-        config: dict[str, Any],
-        timeout_s: float,
-        channel: grpc.Channel | None,
+        timeout_s: float = 5.0,
+        best_effort_timeout_s: float = 2.0,
+        channel: grpc.Channel | None = None,
         token: str | None = None,
         mutation_attempts: int = MUTATION_ATTEMPTS,
     ) -> None:
-        """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors).
+        """`target` is "host:port"; pass `channel` to bring your own (TLS, interceptors),
+        `token` for a server with authentication on.
 
-        A channel passed in stays the caller's: `close()` leaves it open, and
-        `config` is not applied to it. `mutation_attempts` bounds the attempts of
-        a call that writes (1: no retry loop).
+        A channel passed in stays the caller's: `close()` leaves it open, and the
+        service config is not applied to it. `mutation_attempts` bounds the attempts
+        of a call that writes (1: no retry loop); `best_effort_timeout_s` is the
+        deadline of the calls that must not hold anything up (`record_best_effort`).
         """
-        self.timeout_s = timeout_s
-        self.mutation_attempts = max(1, mutation_attempts)
-        self._metadata = bearer(token)
-        self._owns_channel = channel is None
-        self._channel = (
-            channel
-            if channel is not None
-            else grpc.insecure_channel(target, options=channel_options(config))
-        )
+        owned = channel is None
+        if channel is None:
+            options = channel_options(self.SERVICE_CONFIG)
+            channel = grpc.insecure_channel(target, options=options)
+        super().__init__(channel, owned, timeout_s, best_effort_timeout_s, token, mutation_attempts)
 
     def close(self) -> None:
         """Closes the channel this client created (not one passed in)."""
@@ -191,13 +231,22 @@ class BaseClient:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _run(self, call: Call[_Out]) -> _Out:
+        """Makes a described call and reads its answer."""
+        try:
+            method = self._method(call)
+            answer = self._call(method, call.request, self._deadline(call), **call.retries)
+        except Exception as error:
+            return call.failed(error)
+        return call.read(answer)
+
+    def _iterate(self, pages: Pages[_Item]) -> Iterator[_Item]:
+        """A described listing's items, fetched lazily as iteration goes."""
+        for page in self._pages(self._method(pages), pages.request):
+            yield from pages.items(page)
 
     def _call(
         self,
@@ -252,7 +301,7 @@ class BaseClient:
             request.page_token = page.next_page_token
 
 
-class AsyncBaseClient:
+class AsyncBaseClient(_Client):
     """`BaseClient` on a grpc.aio channel: the same deadlines, request ids, retries,
     token and errors, awaited. Use it from one event loop (the channel's)."""
 
@@ -260,22 +309,19 @@ class AsyncBaseClient:
         self,
         target: str,
         *,
-        config: dict[str, Any],
-        timeout_s: float,
-        channel: grpc.aio.Channel | None,
+        timeout_s: float = 5.0,
+        best_effort_timeout_s: float = 2.0,
+        channel: grpc.aio.Channel | None = None,
         token: str | None = None,
         mutation_attempts: int = MUTATION_ATTEMPTS,
     ) -> None:
         """As `BaseClient`; create it inside the running event loop."""
-        self.timeout_s = timeout_s
-        self.mutation_attempts = max(1, mutation_attempts)
-        self._metadata = bearer(token)
-        self._owns_channel = channel is None
-        self._channel = (
-            channel
-            if channel is not None
-            else grpc.aio.insecure_channel(target, options=channel_options(config))
-        )
+        owned = channel is None
+        if channel is None:
+            channel = grpc.aio.insecure_channel(
+                target, options=channel_options(self.SERVICE_CONFIG)
+            )
+        super().__init__(channel, owned, timeout_s, best_effort_timeout_s, token, mutation_attempts)
 
     async def close(self) -> None:
         """Closes the channel this client created (not one passed in)."""
@@ -285,13 +331,23 @@ class AsyncBaseClient:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    async def _run(self, call: Call[_Out]) -> _Out:
+        """`BaseClient._run`, awaited."""
+        try:
+            method = self._method(call)
+            answer = await self._call(method, call.request, self._deadline(call), **call.retries)
+        except Exception as error:
+            return call.failed(error)
+        return call.read(answer)
+
+    async def _iterate(self, pages: Pages[_Item]) -> AsyncIterator[_Item]:
+        """A described listing's items, fetched lazily as iteration goes."""
+        async for page in self._pages(self._method(pages), pages.request):
+            for item in pages.items(page):
+                yield item
 
     async def _call(
         self,
@@ -338,3 +394,78 @@ class AsyncBaseClient:
             if not page.next_page_token:
                 return
             request.page_token = page.next_page_token
+
+
+# -- client methods from the `_calls` builders ---------------------------------------------
+
+_Built = TypeVar("_Built")
+_Done = TypeVar("_Done")
+
+
+class _Method(Generic[_P, _Built, _Done]):
+    """A client method made of a builder (its signature and docstring, once) and a
+    way to perform what it builds (blocking or awaited)."""
+
+    def __init__(
+        self, build: Callable[_P, _Built], perform: Callable[[Any, _Built], _Done]
+    ) -> None:
+        self._build = build
+        self._perform = perform
+        self.__name__ = self.__qualname__ = build.__name__
+        self.__doc__ = build.__doc__
+        # What help() and inspect show: the builder's parameters (its return is the
+        # described call, not what the method answers).
+        self.__signature__ = inspect.signature(build).replace(
+            return_annotation=inspect.Signature.empty
+        )
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self.__name__ = name
+        self.__qualname__ = f"{owner.__qualname__}.{name}"
+
+    @overload
+    def __get__(self, client: None, owner: type[Any]) -> Self: ...
+
+    @overload
+    def __get__(self, client: _Client, owner: type[Any]) -> Callable[_P, _Done]: ...
+
+    def __get__(self, client: _Client | None, owner: type[Any]) -> Self | Callable[_P, _Done]:
+        if client is None:
+            return self
+        build, perform = self._build, self._perform
+
+        def method(*args: _P.args, **kwargs: _P.kwargs) -> _Done:
+            return perform(client, build(*args, **kwargs))
+
+        method.__name__, method.__qualname__ = self.__name__, self.__qualname__
+        method.__doc__ = self.__doc__
+        method.__signature__ = self.__signature__  # type: ignore[attr-defined]
+        return method
+
+    def __call__(self, client: _Client, /, *args: _P.args, **kwargs: _P.kwargs) -> _Done:
+        """Called on the class with the client first, as a plain method would be."""
+        return self._perform(client, self._build(*args, **kwargs))
+
+
+def blocking(build: Callable[_P, Call[_Out]]) -> _Method[_P, Call[_Out], _Out]:
+    """A `BaseClient` method making the call `build` describes."""
+    return _Method(build, BaseClient._run)
+
+
+def blocking_pages(build: Callable[_P, Pages[_Item]]) -> _Method[_P, Pages[_Item], Iterator[_Item]]:
+    """A `BaseClient` method iterating the listing `build` describes."""
+    return _Method(build, BaseClient._iterate)
+
+
+def awaited(
+    build: Callable[_P, Call[_Out]],
+) -> _Method[_P, Call[_Out], Coroutine[Any, Any, _Out]]:
+    """An `AsyncBaseClient` method awaiting the call `build` describes."""
+    return _Method(build, AsyncBaseClient._run)
+
+
+def awaited_pages(
+    build: Callable[_P, Pages[_Item]],
+) -> _Method[_P, Pages[_Item], AsyncIterator[_Item]]:
+    """An `AsyncBaseClient` method iterating the listing `build` describes."""
+    return _Method(build, AsyncBaseClient._iterate)
