@@ -1,0 +1,129 @@
+"""How Google ADK's values become Switchboard's and back, for `frameworks.adk`: app
+names as agent names, events as history messages, prefixed state keys as scoped state
+deltas, and the revision marker a loaded session carries."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from google.adk.events import Event
+from google.adk.sessions.state import State
+from google.protobuf.timestamp_pb2 import Timestamp
+from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+from switchboard.session.v1 import session_service_pb2 as pb
+from switchboard_client import _framework
+
+#: The transport of the sources ADK sessions are routed by (agent, user, session id).
+TRANSPORT = "adk"
+
+# The service's agent names (session_service/checks.py): what an app name may be as is.
+_AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_SLUG_DROPPED = re.compile(r"[^a-z0-9_-]+")
+
+
+def agent_name(app_name: str) -> str:
+    """The agent an ADK app is stored under: the app name itself when it is a valid agent
+    name, else a readable slug of it with a digest of the exact name (so two apps never
+    share an agent, e.g. "MyApp" and "myapp")."""
+    if _AGENT_NAME.fullmatch(app_name):
+        return app_name
+    digest = hashlib.sha256(app_name.encode()).hexdigest()[:12]
+    slug = _SLUG_DROPPED.sub("-", app_name.lower()).strip("-_")[:40]
+    return f"adk-{slug}-{digest}" if slug else f"adk-{digest}"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """Which stored session a loaded ADK session is, and at which version: kept in the
+    session's `_storage_update_marker`, ADK's own slot for a storage revision."""
+
+    session_id: str
+    version: int
+
+    def text(self) -> str:
+        return f"{self.session_id}@{self.version}"
+
+    @classmethod
+    def parse(cls, text: str | None) -> Marker | None:
+        if not text or "@" not in text:
+            return None
+        session_id, _, version = text.rpartition("@")
+        return cls(session_id, int(version)) if version.isdigit() else None
+
+
+def json_safe(values: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """`values` as JSON-ready data, or ValueError naming the first value that is not."""
+    try:
+        safe: dict[str, Any] = to_jsonable_python(dict(values))
+    except PydanticSerializationError:
+        for key, value in values.items():
+            try:
+                to_jsonable_python(value)
+            except PydanticSerializationError as error:
+                raise ValueError(f"{what} {key!r} cannot be stored as JSON: {error}") from None
+        raise
+    return safe
+
+
+def state_deltas(state: Mapping[str, Any], what: str) -> list[pb.StateDelta]:
+    """ADK's prefixed state keys as scoped deltas: "app:" the agent's, "user:" the
+    session's user's, unprefixed the session's; "temp:" keys are never stored. A value
+    of None is stored as JSON null, as ADK's database service stores it."""
+    safe = json_safe(state, what)
+    scoped: dict[pb.StateScope.ValueType, dict[str, Any]] = {}
+    for key, value in safe.items():
+        if key.startswith(State.TEMP_PREFIX):
+            continue
+        if key.startswith(State.APP_PREFIX):
+            scope, name = pb.STATE_SCOPE_AGENT, key.removeprefix(State.APP_PREFIX)
+        elif key.startswith(State.USER_PREFIX):
+            scope, name = pb.STATE_SCOPE_USER, key.removeprefix(State.USER_PREFIX)
+        else:
+            scope, name = pb.STATE_SCOPE_SESSION, key
+        scoped.setdefault(scope, {})[name] = value
+    return [_framework.state_delta(scope, values) for scope, values in scoped.items()]
+
+
+def merged_state(scoped: pb.ScopedState) -> dict[str, Any]:
+    """The state an ADK session shows: its own keys, then "user:" and "app:" ones."""
+    state = _framework.state_values(scoped.session)
+    state.update(
+        {State.USER_PREFIX + k: v for k, v in _framework.state_values(scoped.user).items()}
+    )
+    state.update(
+        {State.APP_PREFIX + k: v for k, v in _framework.state_values(scoped.agent).items()}
+    )
+    return state
+
+
+def event_input(event: Event) -> pb.SessionEventInput:
+    """An ADK event as a history message: its JSON in the content (so it reads back
+    whole), the user's events as user messages, every other author's as the agent's."""
+    try:
+        content = event.model_dump_json(exclude_none=True)
+    except PydanticSerializationError as error:
+        raise ValueError(f"event {event.id!r} cannot be stored as JSON: {error}") from None
+    role = pb.ROLE_USER if event.author == "user" else pb.ROLE_ASSISTANT
+    message = pb.Message(role=role, content=content)
+    return pb.SessionEventInput(message_appended=pb.MessageAppended(message=message))
+
+
+def decode_event(queued: pb.QueuedMessage) -> Event:
+    try:
+        return Event.model_validate_json(queued.message.content)
+    except (ValidationError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"history message at sequence {queued.sequence} is not an ADK event "
+            f"(was it written by another client?): {error}"
+        ) from None
+
+
+def seconds(time: Timestamp) -> float:
+    return time.seconds + time.nanos / 1e9
