@@ -26,6 +26,8 @@ TRANSPORT = "adk"
 # The service's agent names (session_service/checks.py): what an app name may be as is.
 _AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 _SLUG_DROPPED = re.compile(r"[^a-z0-9_-]+")
+# The service's longest state key (StateDelta.set).
+_MAX_KEY = 256
 
 
 def agent_name(app_name: str) -> str:
@@ -87,8 +89,19 @@ def state_deltas(state: Mapping[str, Any], what: str) -> list[pb.StateDelta]:
             scope, name = pb.STATE_SCOPE_USER, key.removeprefix(State.USER_PREFIX)
         else:
             scope, name = pb.STATE_SCOPE_SESSION, key
+        _check_key(key, name, what)
         scoped.setdefault(scope, {})[name] = value
     return [_framework.state_delta(scope, values) for scope, values in scoped.items()]
+
+
+def _check_key(key: str, name: str, what: str) -> None:
+    """The service's rule for state keys (1-256 printable characters), checked before
+    anything is written."""
+    if not name or len(name) > _MAX_KEY or not name.isprintable():
+        raise ValueError(
+            f"{what} {key!r}: a state key needs 1-{_MAX_KEY} printable characters "
+            "after its app:/user: prefix"
+        )
 
 
 def merged_state(scoped: pb.ScopedState) -> dict[str, Any]:

@@ -95,6 +95,11 @@ async def _adk_errors(call: Awaitable[T], what: str) -> T:
         raise raised from error
 
 
+def _shown(session_id: str) -> str:
+    """A session id for a message (a refused one may be very long)."""
+    return repr(session_id if len(session_id) <= 80 else f"{session_id[:77]}...")
+
+
 def _check_names(app_name: object, user_id: object) -> None:
     for name, value in (("app_name", app_name), ("user_id", user_id)):
         if not isinstance(value, str) or not value:
@@ -124,7 +129,6 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         self._client = client
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncSessionClient]
         self._clients = weakref.WeakKeyDictionary()
-        self._agents: set[str] = set()
         # (agent, user, ADK session id) -> stored session id, so that a read is one call
         # fewer; a stale entry (erased session) is found out and dropped.
         self._routes: dict[tuple[str, str, str], str] = {}
@@ -148,17 +152,38 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
             if client is not None:
                 await client.close()
 
-    async def _ensure_agent(self, agent: str, app_name: str) -> None:
-        if agent in self._agents:
-            return
+    async def _open(
+        self, agent: str, app_name: str, user_id: str, session_id: str
+    ) -> pb.ResolveSessionResponse:
+        """Opens the stored session of a new ADK session (its app's agent made on first
+        use, so that a refused session creates no agent either)."""
+        client = self._session_client()
+        for attempt in range(2):
+            try:
+                return await client.resolve(
+                    agent,
+                    transport=codec.TRANSPORT,
+                    conversation_id=session_id,
+                    user_id=user_id,
+                    request_id=str(uuid.uuid4()),
+                    reopen_erased=True,
+                )
+            except SwitchboardError as error:
+                if error.reason != "AGENT_NOT_FOUND" or attempt:
+                    raise _as_adk_error(
+                        error, f"cannot create session {_shown(session_id)}"
+                    ) from error
+            await self._create_agent(agent, app_name)
+        raise AssertionError("unreachable")
+
+    async def _create_agent(self, agent: str, app_name: str) -> None:
         try:
             await self._session_client().create_agent(
                 agent, request_id=str(uuid.uuid4()), display_name=app_name[:200]
             )
         except SwitchboardError as error:
-            if error.code != grpc.StatusCode.ALREADY_EXISTS:
+            if error.code != grpc.StatusCode.ALREADY_EXISTS:  # another client made it
                 raise _as_adk_error(error, f"cannot use app {app_name!r}") from error
-        self._agents.add(agent)
 
     async def _lookup(self, agent: str, user_id: str, session_id: str) -> str | None:
         """The stored session of an ADK session, or None (never creates one)."""
@@ -176,7 +201,7 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         except SwitchboardError as error:
             if error.code == grpc.StatusCode.NOT_FOUND:
                 return None
-            raise _as_adk_error(error, f"cannot look session {session_id!r} up") from error
+            raise _as_adk_error(error, f"cannot look session {_shown(session_id)} up") from error
         self._remember(key, answer.session.session_id)
         return answer.session.session_id
 
@@ -198,7 +223,9 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
                 return await read(stored_id)
             except SwitchboardError as error:
                 if error.code != grpc.StatusCode.NOT_FOUND:
-                    raise _as_adk_error(error, f"cannot read session {session_id!r}") from error
+                    raise _as_adk_error(
+                        error, f"cannot read session {_shown(session_id)}"
+                    ) from error
                 self._routes.pop((agent, user_id, session_id), None)
         return None
 
@@ -216,19 +243,8 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         session_id = (session_id.strip() if session_id else None) or str(uuid.uuid4())
         deltas = codec.state_deltas(state or {}, "state")
         agent = codec.agent_name(app_name)
-        await self._ensure_agent(agent, app_name)
         client = self._session_client()
-        answer = await _adk_errors(
-            client.resolve(
-                agent,
-                transport=codec.TRANSPORT,
-                conversation_id=session_id,
-                user_id=user_id,
-                request_id=str(uuid.uuid4()),
-                reopen_erased=True,
-            ),
-            f"cannot create session {session_id!r}",
-        )
+        answer = await self._open(agent, app_name, user_id, session_id)
         if not answer.created:
             raise AlreadyExistsError(f"Session with id {session_id} already exists.")
         stored = answer.session
@@ -256,7 +272,7 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         except SwitchboardError as error:
             await client.erase_session(agent, stored.session_id, request_id=str(uuid.uuid4()))
             self._routes.pop((agent, stored.source.user_id, session_id), None)
-            raise _as_adk_error(error, f"cannot create session {session_id!r}") from error
+            raise _as_adk_error(error, f"cannot create session {_shown(session_id)}") from error
 
     async def get_session(
         self,
@@ -412,7 +428,7 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
                 sequences_only=True,
                 request_id=str(uuid.uuid4()),
             ),
-            f"cannot append to session {session.id!r}",
+            f"cannot append to session {_shown(session.id)}",
         )
         session._storage_update_marker = Marker(marker.session_id, answer.version).text()
         session.last_update_time = event.timestamp
@@ -427,7 +443,7 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
             raise SessionNotFoundError(f"Session {session.id} not found.")
         client = self._session_client()
         stored = await _adk_errors(
-            client.get_session(agent, stored_id), f"cannot read session {session.id!r}"
+            client.get_session(agent, stored_id), f"cannot read session {_shown(session.id)}"
         )
         newest = await client.history(agent, stored_id, limit=1, newest=True)
         matches = (
