@@ -5,8 +5,11 @@ the test's own."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlparse
 
 import pytest
 from google.adk.events import Event, EventActions
@@ -14,7 +17,7 @@ from google.genai import types
 from switchboard_client.frameworks.adk import SwitchboardSessionService
 
 from switchboard.session.v1 import session_service_pb2 as pb
-from tests.harness import EventLoopThread, InProcessSession, session_server
+from tests.harness import POSTGRES_URL, EventLoopThread, InProcessSession, session_server
 
 T = TypeVar("T")
 APP = "shop"
@@ -66,3 +69,21 @@ def log_head(server: InProcessSession) -> int:
     """The newest sequence of the log: unchanged when a refused call wrote nothing."""
     page = server.stub.ListLogEvents(pb.ListLogEventsRequest(newest=True, page_size=1))
     return int(page.head_sequence)
+
+
+def bytes_at_rest(database_url: str) -> bytes:
+    """Everything the database keeps on disk for the test: the SQLite files (main, -wal,
+    -shm), or a pg_dump of the test's Postgres schema (bytea columns come out as hex, so
+    look for a marker's hex too)."""
+    if database_url.startswith("sqlite"):
+        path = database_url.removeprefix("sqlite:///")
+        files = [Path(f"{path}{suffix}") for suffix in ("", "-wal", "-shm")]
+        return b"".join(file.read_bytes() for file in files if file.exists())
+    schema = unquote(urlparse(database_url).query).removeprefix("options=-csearch_path=")
+    server = urlparse(POSTGRES_URL)
+    dumped = subprocess.run(
+        ["pg_dump", "-h", server.hostname or "127.0.0.1", "-p", str(server.port or 5432),
+         "-U", server.username or "postgres", "-n", schema, server.path.lstrip("/")],
+        capture_output=True, check=True, timeout=60,
+    )  # fmt: skip
+    return dumped.stdout
