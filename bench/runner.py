@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    adk_adapter,
     against,
     claim,
     console,
@@ -67,6 +68,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "feature-costs": feature_costs.run,
     "reads": reads.run,
     "console": console.run,
+    "adk": adk_adapter.run,
 }
 #: The goal-line figures each section gives.
 SIDES = {**throughput.SIDES, "timetravel": timetravel.SIDES, "peers": tuple(goals.PEER_SIDES)}

@@ -164,6 +164,25 @@ def test_values_keep_their_json_types_and_none_is_kept_as_none(
     drive(server.address, scenario)
 
 
+async def both_paths(
+    writer: SwitchboardSessionService, address: str, config: GetSessionConfig
+) -> list[str]:
+    """The texts `get_session` answers with `config`, read by the adapter that wrote
+    the session (its cached events) and by one that keeps none (the history read): they
+    must agree."""
+    reader = SwitchboardSessionService(address, cached_sessions=0)
+    try:
+        read = [
+            await service.get_session(app_name=APP, user_id=USER, session_id="s1", config=config)
+            for service in (writer, reader)
+        ]
+    finally:
+        await reader.close()
+    assert read[0] is not None and read[1] is not None
+    assert read[0].events == read[1].events
+    return texts(read[0].events)
+
+
 def test_get_session_config_num_recent_events(server: InProcessSession) -> None:
     async def scenario(service: SwitchboardSessionService) -> None:
         session = await service.create_session(app_name=APP, user_id=USER, session_id="s1")
@@ -172,11 +191,7 @@ def test_get_session_config_num_recent_events(server: InProcessSession) -> None:
 
         async def recent(n: int) -> list[str]:
             config = GetSessionConfig(num_recent_events=n)
-            got = await service.get_session(
-                app_name=APP, user_id=USER, session_id="s1", config=config
-            )
-            assert got is not None
-            return texts(got.events)
+            return await both_paths(service, server.address, config)
 
         assert await recent(2) == ["m3", "m4"]
         assert await recent(0) == []
@@ -197,11 +212,7 @@ def test_get_session_config_after_timestamp_and_both(server: InProcessSession) -
             await service.append_event(session, appended)
 
         async def read(config: GetSessionConfig) -> list[str]:
-            got = await service.get_session(
-                app_name=APP, user_id=USER, session_id="s1", config=config
-            )
-            assert got is not None
-            return texts(got.events)
+            return await both_paths(service, server.address, config)
 
         assert await read(GetSessionConfig(after_timestamp=base + 2)) == ["m2", "m3", "m4"]
         assert await read(GetSessionConfig(after_timestamp=base + 10)) == []
@@ -318,3 +329,39 @@ def test_app_names_that_are_not_agent_names_are_kept_apart(server: InProcessSess
             assert [(s.app_name, s.id) for s in listed.sessions] == [(app, "s")]
 
     drive(server.address, scenario)
+
+
+def test_a_reader_sees_other_writers_and_global_rewinds_through_its_cached_events(
+    server: InProcessSession,
+) -> None:
+    """The adapter reuses the events it read or wrote while the session stays at that
+    version; another writer's append or an operator's global rewind moves the version,
+    so the next read reads the history again."""
+    from switchboard.session.v1 import session_service_pb2 as pb
+
+    async def scenario(service: SwitchboardSessionService) -> None:
+        session = await service.create_session(app_name=APP, user_id=USER, session_id="s1")
+        await service.append_event(session, event("one"))
+        mark = server.stub.CreateCheckpoint(pb.CreateCheckpointRequest(label="one")).checkpoint
+        await service.append_event(session, event("two"))
+        assert texts((await _read(service)).events) == ["one", "two"]
+        other = SwitchboardSessionService(server.address)
+        try:
+            theirs = await _read(other)
+            await other.append_event(theirs, event("three"))
+        finally:
+            await other.close()
+        assert texts((await _read(service)).events) == ["one", "two", "three"]
+        server.stub.Rewind(pb.RewindRequest(sequence=mark.sequence))
+        rewound = await _read(service)
+        assert texts(rewound.events) == ["one"]
+        await service.append_event(rewound, event("four"))
+        assert texts((await _read(service)).events) == ["one", "four"]
+
+    drive(server.address, scenario)
+
+
+async def _read(service: SwitchboardSessionService) -> Session:
+    got = await service.get_session(app_name=APP, user_id=USER, session_id="s1")
+    assert got is not None
+    return got

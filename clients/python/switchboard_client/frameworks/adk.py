@@ -48,6 +48,7 @@ from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard_client import _framework
 from switchboard_client.aio import AsyncSessionClient
 from switchboard_client.errors import SwitchboardError
+from switchboard_client.frameworks import _adk_cache
 from switchboard_client.frameworks import _adk_codec as codec
 from switchboard_client.frameworks._adk_codec import Marker
 
@@ -100,6 +101,20 @@ def _shown(session_id: str) -> str:
     return repr(session_id if len(session_id) <= 80 else f"{session_id[:77]}...")
 
 
+def _configured(events: list[Event], config: GetSessionConfig | None) -> list[Event]:
+    """`GetSessionConfig` on a whole history, as ADK's services apply it: the newest
+    `num_recent_events` of the events at or after `after_timestamp`."""
+    if config is None:
+        return events
+    if config.after_timestamp is not None:
+        events = [e for e in events if e.timestamp >= config.after_timestamp]
+    if config.num_recent_events is not None:
+        events = (
+            events[len(events) - config.num_recent_events :] if config.num_recent_events else []
+        )
+    return events
+
+
 def _check_names(app_name: object, user_id: object) -> None:
     for name, value in (("app_name", app_name), ("user_id", user_id)):
         if not isinstance(value, str) or not value:
@@ -111,7 +126,9 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
 
     `target` is the service's address ("host:port"); `token` its bearer token, if it
     checks one. Pass `client` instead to use an `AsyncSessionClient` of yours (then use
-    the service from that client's event loop only)."""
+    the service from that client's event loop only). The decoded events of the
+    `cached_sessions` most recently used sessions are kept, and reused while a session
+    is still at the version they were read or written at (0: none kept)."""
 
     def __init__(
         self,
@@ -120,6 +137,7 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         token: str | None = None,
         timeout_s: float = 10.0,
         client: AsyncSessionClient | None = None,
+        cached_sessions: int = _adk_cache.SESSIONS,
     ) -> None:
         if not target and client is None:
             raise ValueError("give the SessionService's address (target) or a client")
@@ -132,6 +150,7 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         # (agent, user, ADK session id) -> stored session id, so that a read is one call
         # fewer; a stale entry (erased session) is found out and dropped.
         self._routes: dict[tuple[str, str, str], str] = {}
+        self._cache = _adk_cache.EventCache(cached_sessions)
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -252,6 +271,8 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         if deltas:
             await self._initial_state(agent, stored, deltas, session_id)
         read = await client.get_session_with_state(agent, stored.session_id)
+        if read.session.message_count == 0:  # else another writer was quicker still
+            self._cache.keep((agent, stored.session_id), read.session.version, [])
         return self._session(app_name, user_id, session_id, read, [])
 
     async def _initial_state(
@@ -297,8 +318,22 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
     async def _events(
         self, agent: str, stored: pb.Session, config: GetSessionConfig | None
     ) -> list[Event]:
-        """The session's events up to the summary's last sequence (so that they match
-        the version read with it), newest pages first, as the config limits them."""
+        """The session's events at the version just read, as the config limits them:
+        from the cache when it has that version, else read (and kept when whole)."""
+        key = (agent, stored.session_id)
+        known = self._cache.events(key, stored.version)
+        if known is not None:
+            return _configured(known, config)
+        events = await self._read_events(agent, stored, config)
+        if config is None or (config.num_recent_events is None and not config.after_timestamp):
+            self._cache.keep(key, stored.version, events)
+        return events
+
+    async def _read_events(
+        self, agent: str, stored: pb.Session, config: GetSessionConfig | None
+    ) -> list[Event]:
+        """The history up to the summary's last sequence (so that it matches the
+        version read with it), newest pages first, only as far as the config wants."""
         wanted = None if config is None else config.num_recent_events
         after = None if config is None else config.after_timestamp
         if wanted == 0 or stored.message_count == 0:
@@ -306,7 +341,7 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         client = self._session_client()
         newest_first: list[Event] = []
         before = stored.last_sequence + 1
-        while wanted is None or len(newest_first) < wanted:
+        while len(newest_first) < (stored.message_count if wanted is None else wanted):
             limit = _PAGE if wanted is None else min(_PAGE, wanted - len(newest_first))
             page = await client.history(
                 agent, stored.session_id, limit=limit, newest=True, before=before
@@ -389,6 +424,7 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         client = self._session_client()
 
         async def erase(stored_id: str) -> None:
+            self._cache.drop((agent, stored_id))
             await client.erase_session(agent, stored_id, request_id=str(uuid.uuid4()))
 
         await self._read_once(agent, user_id, session_id, erase)
@@ -432,6 +468,7 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         )
         session._storage_update_marker = Marker(marker.session_id, answer.version).text()
         session.last_update_time = event.timestamp
+        self._cache.appended((agent, marker.session_id), marker.version, answer.version, event)
         return self._commit_event_to_session(session, event)
 
     async def _marker_of_unloaded(self, agent: str, session: Session) -> Marker:
