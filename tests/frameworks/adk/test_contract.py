@@ -220,6 +220,8 @@ def test_get_session_config_after_timestamp_and_both(server: InProcessSession) -
         assert await read(both) == ["m3", "m4"]
         both = GetSessionConfig(after_timestamp=base + 3, num_recent_events=4)
         assert await read(both) == ["m3", "m4"]
+        both = GetSessionConfig(after_timestamp=base + 3, num_recent_events=3)
+        assert await read(both) == ["m3", "m4"]
 
     drive(server.address, scenario)
 

@@ -30,7 +30,7 @@ import asyncio
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import grpc
 from google.adk.errors import StaleSessionError
@@ -108,10 +108,9 @@ def _configured(events: list[Event], config: GetSessionConfig | None) -> list[Ev
         return events
     if config.after_timestamp is not None:
         events = [e for e in events if e.timestamp >= config.after_timestamp]
-    if config.num_recent_events is not None:
-        events = (
-            events[len(events) - config.num_recent_events :] if config.num_recent_events else []
-        )
+    wanted = config.num_recent_events
+    if wanted is not None:
+        events = events[max(0, len(events) - wanted) :] if wanted else []
     return events
 
 
@@ -170,6 +169,12 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
             client = self._clients.pop(asyncio.get_running_loop(), None)
             if client is not None:
                 await client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
 
     async def _open(
         self, agent: str, app_name: str, user_id: str, session_id: str
@@ -370,7 +375,11 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
             user_id=user_id,
             state=codec.merged_state(read.scoped_state),
             events=events,
-            last_update_time=codec.seconds(read.session.update_time),
+            # ADK's services stamp a session with its newest event's time; without
+            # events read, the time of its last change in the store.
+            last_update_time=events[-1].timestamp
+            if events
+            else codec.seconds(read.session.update_time),
         )
         session._storage_update_marker = Marker(
             read.session.session_id, read.session.version
