@@ -183,6 +183,28 @@ async def both_paths(
     return texts(read[0].events)
 
 
+def test_a_value_json_cannot_hold_is_stored_as_its_repr_with_a_warning(
+    server: InProcessSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As ADK's own services do (its newer contract tests ask it): one such value never
+    loses the event or the rest of the delta."""
+
+    async def scenario(service: SwitchboardSessionService) -> None:
+        session = await service.create_session(
+            app_name=APP, user_id=USER, session_id="s1", state={"hook": print}
+        )
+        await service.append_event(session, event("x", state={"callback": len, "ok": 2}))
+        got = await service.get_session(app_name=APP, user_id=USER, session_id="s1")
+        assert got is not None and len(got.events) == 1
+        assert got.state["ok"] == 2
+        assert "built-in function len" in got.state["callback"]
+        assert "built-in function print" in got.state["hook"]
+
+    with caplog.at_level("WARNING", logger="switchboard_client.frameworks.adk"):
+        drive(server.address, scenario)
+    assert "'callback' cannot be stored as JSON" in caplog.text
+
+
 def test_get_session_config_num_recent_events(server: InProcessSession) -> None:
     async def scenario(service: SwitchboardSessionService) -> None:
         session = await service.create_session(app_name=APP, user_id=USER, session_id="s1")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from pydantic_core import PydanticSerializationError, to_jsonable_python
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard_client import _framework
+
+log = logging.getLogger("switchboard_client.frameworks.adk")
 
 #: The transport of the sources ADK sessions are routed by (agent, user, session id).
 TRANSPORT = "adk"
@@ -61,17 +64,28 @@ class Marker:
 
 
 def json_safe(values: Mapping[str, Any], what: str) -> dict[str, Any]:
-    """`values` as JSON-ready data, or ValueError naming the first value that is not."""
+    """`values` as JSON-ready data. A value JSON cannot hold (a callable, say) is
+    stored as its representation, with a warning naming it, as ADK's own services
+    store it (`make_json_safe_state`), so that one value never loses a whole event."""
     try:
         safe: dict[str, Any] = to_jsonable_python(dict(values))
     except PydanticSerializationError:
-        for key, value in values.items():
-            try:
-                to_jsonable_python(value)
-            except PydanticSerializationError as error:
-                raise ValueError(f"{what} {key!r} cannot be stored as JSON: {error}") from None
-        raise
+        lossy = [key for key in values if not _serializable(values[key])]
+        log.warning(
+            "%s %s cannot be stored as JSON: stored as their representation instead",
+            what,
+            ", ".join(map(repr, lossy)),
+        )
+        safe = to_jsonable_python(dict(values), serialize_unknown=True)
     return safe
+
+
+def _serializable(value: Any) -> bool:
+    try:
+        to_jsonable_python(value)
+    except PydanticSerializationError:
+        return False
+    return True
 
 
 def state_deltas(state: Mapping[str, Any], what: str) -> list[pb.StateDelta]:
@@ -122,6 +136,8 @@ def event_input(event: Event) -> pb.SessionEventInput:
     try:
         content = event.model_dump_json(exclude_none=True)
     except PydanticSerializationError as error:
+        # ADK's state_delta serializer already falls back; any other field it cannot
+        # hold is the caller's mistake, refused before anything is written.
         raise ValueError(f"event {event.id!r} cannot be stored as JSON: {error}") from None
     role = pb.ROLE_USER if event.author == "user" else pb.ROLE_ASSISTANT
     message = pb.Message(role=role, content=content)
