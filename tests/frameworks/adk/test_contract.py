@@ -389,3 +389,24 @@ async def _read(service: SwitchboardSessionService) -> Session:
     got = await service.get_session(app_name=APP, user_id=USER, session_id="s1")
     assert got is not None
     return got
+
+
+def test_a_session_object_built_by_hand_appends_only_while_it_holds_every_stored_event(
+    server: InProcessSession,
+) -> None:
+    """A Session this service did not load (rebuilt from a dict: no revision marker) is
+    accepted while the store holds exactly its events, as ADK's database service
+    accepts one; once another writer appended, it is stale."""
+
+    async def scenario(service: SwitchboardSessionService) -> None:
+        loaded = await service.create_session(app_name=APP, user_id=USER, session_id="s1")
+        await service.append_event(loaded, event("one"))
+        rebuilt = Session.model_validate(loaded.model_dump())
+        assert rebuilt._storage_update_marker is None
+        await service.append_event(rebuilt, event("two"))
+        empty_copy = Session(id="s1", app_name=APP, user_id=USER)
+        with pytest.raises(ValueError, match="modified in storage"):
+            await service.append_event(empty_copy, event("lost"))
+        assert texts((await _read(service)).events) == ["one", "two"]
+
+    drive(server.address, scenario)
