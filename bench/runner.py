@@ -30,6 +30,7 @@ from bench import (
     console,
     db_latency,
     feature_costs,
+    langgraph_checkpoints,
     open_loop,
     peers,
     reads,
@@ -68,6 +69,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "feature-costs": feature_costs.run,
     "reads": reads.run,
     "console": console.run,
+    "langgraph": langgraph_checkpoints.run,
     "adk": adk_adapter.run,
 }
 #: The goal-line figures each section gives.

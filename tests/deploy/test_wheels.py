@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.deploy.artefacts import (
@@ -43,6 +44,9 @@ pytestmark = pytest.mark.slow
 VERSION = (ROOT / "VERSION").read_text().strip()
 #: The client's extras, one per platform adapter module (switchboard_client.platforms.*).
 PLATFORM_EXTRAS = ("telegram", "slack")
+#: The framework adapters (switchboard_client.frameworks.*) and the extra each needs.
+FRAMEWORK_EXTRAS = {"switchboard_client.frameworks.langgraph": "langgraph"}
+FRAMEWORKS = "switchboard_client.frameworks."
 CLIENT_CALLS = Path(__file__).with_name("client_calls.py")
 
 
@@ -69,7 +73,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     # would (a second step: pip resolves a wheel file with extras apart from the pin on it).
     run(
         [server_venv.python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-         f"{wheels.client}[{','.join(PLATFORM_EXTRAS)}]"],
+         f"{wheels.client}[{','.join([*PLATFORM_EXTRAS, *FRAMEWORK_EXTRAS.values()])}]"],
         cwd=server_venv.root,
     )  # fmt: skip
     print(
@@ -132,7 +136,9 @@ def test_client_only_install_imports_the_client_and_nothing_of_the_server(
     venv = installed.client_venv
     everything = _module_names(_wheel_files(installed.wheels.client))
     adapters = [f"switchboard_client.platforms.{extra}" for extra in PLATFORM_EXTRAS]
-    modules = [name for name in everything if name not in adapters]
+    modules = [
+        name for name in everything if name not in adapters and not name.startswith(FRAMEWORKS)
+    ]
     origins = _imports_from(venv, modules)
     site = str(venv.site_packages())
     assert {name: path for name, path in origins.items() if not path.startswith(site)} == {}
@@ -145,7 +151,8 @@ def test_client_only_install_imports_the_client_and_nothing_of_the_server(
     present = json.loads(run([venv.python, "-c", absent], cwd=venv.root, env=clean_environment()))
     assert present == [], f"the client-only venv has server parts: {present}"
     # Without its extra, an adapter's import says which extra to install.
-    for extra, module in zip(PLATFORM_EXTRAS, adapters, strict=True):
+    needing = [*zip(adapters, PLATFORM_EXTRAS, strict=True), *FRAMEWORK_EXTRAS.items()]
+    for module, extra in needing:
         refused = subprocess.run(
             [venv.python, "-c", f"import {module}"],
             cwd=venv.root, env=clean_environment(), capture_output=True, text=True, check=False,
@@ -199,6 +206,36 @@ def test_installed_server_serves_from_an_empty_directory_and_stops_on_sigterm(
     assert code == 0, "".join(server.output)
 
 
+def test_the_installed_console_serves_its_pages_beside_the_services(
+    installed: Installed, tmp_path: Path
+) -> None:
+    """`serve all --console-listen` from the server wheel: the console's templates and
+    static files are in the wheel, and its pages render against the installed services."""
+    workdir = tmp_path / "empty"
+    workdir.mkdir()
+    extra = ("--console-listen", "127.0.0.1:0")
+    with serve_all(installed.server_venv.bin / "switchboard", workdir, *extra) as server:
+        console = _console_url(server.output)
+        with httpx.Client(base_url=console, follow_redirects=False, timeout=10) as browser:
+            # Authentication is off on both services: the console's login takes no token.
+            login = browser.post("/login", data={"token": ""}, headers={"origin": console})
+            assert login.status_code == 303, login.text
+            for page in ("/", "/sessions", "/deliveries", "/audit", "/static/console.css"):
+                answer = browser.get(page)
+                assert answer.status_code == 200, f"{page}: {answer.status_code} {answer.text}"
+        assert server.terminate() == 0, "".join(server.output)
+
+
+def _console_url(output: list[str], timeout_s: float = 30.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in list(output):
+            if "console on http://" in line:
+                return line.split("console on ", 1)[1].strip()
+        time.sleep(0.1)
+    raise AssertionError("the console did not start:\n" + "".join(output))
+
+
 def test_client_side_suite_passes_against_the_installed_wheels(
     installed: Installed, tmp_path: Path
 ) -> None:
@@ -213,6 +250,8 @@ def test_client_side_suite_passes_against_the_installed_wheels(
     (suite / "pyproject.toml").write_bytes((installed.tree / "pyproject.toml").read_bytes())
     # The published key vectors the clients' key builders are checked against (data).
     shutil.copytree(installed.tree / "protos" / "testdata", suite / "protos" / "testdata")
+    # The Node client's reply sealer, which the sealed-target test runs with node (not Python).
+    shutil.copytree(installed.tree / "clients" / "node" / "src", suite / "clients" / "node" / "src")
     origins_file = tmp_path / "origins.json"
     result = subprocess.run(
         [str(installed.server_venv.python), "-m", "pytest", "-q", "-p", "no:cacheprovider",

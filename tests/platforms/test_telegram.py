@@ -133,6 +133,9 @@ def test_a_gateway_killed_between_send_and_mark_is_redelivered_once_with_the_mar
             lambda: services.ledger.get(owed.id).state == dpb.OBLIGATION_STATE_DELIVERED,
             "the redelivery",
         )
+        # The history is written after the mark (a turn cut off in between is completed by
+        # the next boot): wait for it, or a loaded machine stops the gateway before it.
+        wait_until(lambda: len(_dm_history(services)) == 2, "the turn's completion")
         second.terminate()
     finally:
         first.kill_quietly()

@@ -1,0 +1,29 @@
+"""The bench section `langgraph` at the smoke scale, on each backend: a real server
+process, real savers; what is checked is the shape of what it reports (every store,
+step count and client count measured, no errors), never a figure."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import langgraph_checkpoints
+from bench.plan import SCALES, Context
+from bench.servers import BACKENDS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    "backend_key", ["sqlite-full", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def test_the_section_measures_the_saver_at_each_length_and_client_count(backend_key: str) -> None:
+    backend = next(b for b in BACKENDS if b.key == backend_key)
+    section = langgraph_checkpoints.run(Context(SCALES["smoke"], [backend], say=lambda _: None))
+    runs = section.data["runs"]
+    ours = {(r["steps"], r["clients"]) for r in runs if r["store"] == "SwitchboardSaver"}
+    assert ours == {(s, c) for s in section.data["steps"] for c in langgraph_checkpoints.CLIENTS}
+    for run in runs:
+        for op in ("put", "get_tuple"):
+            assert run[op]["cycles"] > 0 and run[op]["errors"] == 0, (run["store"], op)
+    assert not [note for note in section.notes if "error" in note]
+    assert "get_tuple p50 at" in section.text
