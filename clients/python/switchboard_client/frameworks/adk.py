@@ -33,16 +33,23 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Self, TypeVar
 
 import grpc
-from google.adk.errors import StaleSessionError
-from google.adk.errors.already_exists_error import AlreadyExistsError
-from google.adk.errors.session_not_found_error import SessionNotFoundError
-from google.adk.events import Event
-from google.adk.sessions.base_session_service import (
-    BaseSessionService,
-    GetSessionConfig,
-    ListSessionsResponse,
-)
-from google.adk.sessions.session import Session
+
+try:
+    from google.adk.errors import StaleSessionError
+    from google.adk.errors.already_exists_error import AlreadyExistsError
+    from google.adk.errors.session_not_found_error import SessionNotFoundError
+    from google.adk.events import Event
+    from google.adk.sessions.base_session_service import (
+        BaseSessionService,
+        GetSessionConfig,
+        ListSessionsResponse,
+    )
+    from google.adk.sessions.session import Session
+except ImportError as missing:  # the extra is not installed: say which one
+    raise ImportError(
+        f"switchboard_client.frameworks.adk needs google-adk ({missing.name} is "
+        "missing): pip install 'switchboard-client[adk]'"
+    ) from missing
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard_client import _framework
