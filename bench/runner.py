@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    adk_adapter,
     against,
     claim,
     console,
@@ -69,6 +70,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "reads": reads.run,
     "console": console.run,
     "langgraph": langgraph_checkpoints.run,
+    "adk": adk_adapter.run,
 }
 #: The goal-line figures each section gives.
 SIDES = {**throughput.SIDES, "timetravel": timetravel.SIDES, "peers": tuple(goals.PEER_SIDES)}

@@ -45,7 +45,10 @@ VERSION = (ROOT / "VERSION").read_text().strip()
 #: The client's extras, one per platform adapter module (switchboard_client.platforms.*).
 PLATFORM_EXTRAS = ("telegram", "slack")
 #: The framework adapters (switchboard_client.frameworks.*) and the extra each needs.
-FRAMEWORK_EXTRAS = {"switchboard_client.frameworks.langgraph": "langgraph"}
+FRAMEWORK_EXTRAS = {
+    "switchboard_client.frameworks.langgraph": "langgraph",
+    "switchboard_client.frameworks.adk": "adk",
+}
 FRAMEWORKS = "switchboard_client.frameworks."
 CLIENT_CALLS = Path(__file__).with_name("client_calls.py")
 
