@@ -371,7 +371,10 @@ def test_record_best_effort_returns_none_instead_of_raising(
         )
         assert time.monotonic() - started < 10
     assert lost is None
-    assert [r.name for r in caplog.records] == ["switchboard_client"]
+    # The in-process server's access lines (switchboard.access) may land late: only the
+    # client's own records count here.
+    client_records = [r.name for r in caplog.records if not r.name.startswith("switchboard.")]
+    assert client_records == ["switchboard_client"]
     assert "the final answer" not in caplog.text and "lost" not in caplog.text
 
 
