@@ -11,7 +11,8 @@ build tools, grpcio-tools among them, stay in pip's isolated build environments)
 `test` adds the dev extra (pytest, mypy, ruff, buf, the platform SDKs, ...) on top.
 Either reinstalls whenever a pyproject.toml, VERSION, the client's build hook or a
 .proto file changes, and never drops the dev extra once it is there.
-Arguments after the command are passed on (`python3 dev.py test -k claim`);
+Arguments after the command are passed on (`python3 dev.py test -k claim`); `test`
+alone runs the whole suite on 2 to 4 workers (pytest-xdist, a module per worker);
 `serve` passes them to `switchboard serve`, which takes every option of the
 `switchboard` group too (`python3 dev.py serve --log-format text --access-log
 errors`, `python3 dev.py serve session --auth-tokens ...`; `--help` lists them).
@@ -115,10 +116,20 @@ def ensure_environment(needed: frozenset[str]) -> Path:
 SERVED = ("all", "session", "delivery")
 
 
+#: Test workers for the whole suite: most of its time is spent waiting on servers,
+#: databases and subprocesses, so two workers pay even on two cores; more than four
+#: would crowd one PostgreSQL's connections.
+MAX_TEST_WORKERS = 4
+
+
 def _command(name: str, rest: list[str]) -> list[str]:
     """The module and arguments `python` runs for `dev.py NAME REST...`."""
     if name == "test":
-        return ["-m", "pytest", *rest]
+        if rest:  # a chosen part of the suite runs as asked
+            return ["-m", "pytest", *rest]
+        # The whole suite, a module per worker at a time (module fixtures stay shared).
+        workers = max(2, min(os.cpu_count() or 2, MAX_TEST_WORKERS))
+        return ["-m", "pytest", "-n", str(workers), "--dist", "loadscope"]
     # `serve` serves both services unless told which.
     which = [] if rest and rest[0] in SERVED else ["all"]
     return ["-m", "switchboard_cli", "serve", *which, *rest]

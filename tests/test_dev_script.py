@@ -97,3 +97,11 @@ def test_serve_names_the_checkouts_var_unless_the_caller_named_a_data_directory(
     chosen = {"SWITCHBOARD_DATA_DIR": "/srv/switchboard"}
     assert dev.environment("serve", chosen) == chosen
     assert "SWITCHBOARD_DATA_DIR" not in dev.environment("test", {"PATH": "/bin"})
+
+
+def test_the_whole_suite_runs_on_workers_and_a_chosen_part_as_asked() -> None:
+    whole = dev._command("test", [])
+    assert whole[:2] == ["-m", "pytest"] and "--dist" in whole
+    workers = int(whole[whole.index("-n") + 1])
+    assert 2 <= workers <= dev.MAX_TEST_WORKERS
+    assert dev._command("test", ["-k", "claim"]) == ["-m", "pytest", "-k", "claim"]
