@@ -15,6 +15,7 @@ from switchboard_client.frameworks.openai_agents import SwitchboardSession
 from switchboard_client.session import SessionClient
 
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
+from tests.frameworks.openai_agents.sdist import unpacked_sdist
 from tests.harness import ServerProcess
 from tests.session.frameworks import head
 
@@ -53,3 +54,11 @@ def log_head(server: ServerProcess) -> int:
 
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
+
+
+@pytest.fixture(scope="session")
+def sdk_sdist(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SDK's sdist, unpacked (downloaded once into pytest's cache directory)."""
+    cache = getattr(request.config, "cache", None)
+    where = cache.mkdir("openai-agents-sdist") if cache else tmp_path_factory.mktemp("sdist")
+    return unpacked_sdist(Path(where))
