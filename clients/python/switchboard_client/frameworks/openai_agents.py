@@ -253,7 +253,7 @@ class SwitchboardSession:
             fields = f" ({', '.join(error.field_violations)})" if error.field_violations else ""
             return ValueError(f"Switchboard refused the write{fields}: {error.message}")
         if self.exclusive and (error.code == grpc.StatusCode.ABORTED or _session_moved(error)):
-            self._current = None  # the next read or write starts from the session as it is
+            # What this object saw stays: every write conflicts until a read (get_items).
             return SessionConflict(
                 f"conversation {self.session_id!r} was changed by another writer since "
                 f"this session object last read it ({error.message}); nothing was "
