@@ -21,10 +21,12 @@ from tests.harness import ServerProcess
 pytestmark = pytest.mark.slow
 
 
-@function_tool
 def landmark_city(landmark: str) -> str:
     """The city a landmark is in."""
     return "San Francisco" if "Golden Gate" in landmark else "unknown"
+
+
+LANDMARK_CITY = function_tool(landmark_city)
 
 
 def _free_port() -> int:
@@ -56,7 +58,7 @@ def test_an_agents_turns_persist_and_survive_a_server_restart(
                 [assistant_message("California")],
             ]
         )
-        agent = Agent(name="guide", model=model, tools=[landmark_city])
+        agent = Agent(name="guide", model=model, tools=[LANDMARK_CITY])
 
         first = Runner.run_sync(agent, "Where is the Golden Gate Bridge?", session=session)
         assert first.final_output == "San Francisco"
