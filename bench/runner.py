@@ -30,6 +30,7 @@ from bench import (
     db_latency,
     feature_costs,
     open_loop,
+    openai_agents_session,
     peers,
     reads,
     servers,
@@ -67,6 +68,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "feature-costs": feature_costs.run,
     "reads": reads.run,
     "console": console.run,
+    "openai-agents": openai_agents_session.run,
 }
 #: The goal-line figures each section gives.
 SIDES = {**throughput.SIDES, "timetravel": timetravel.SIDES, "peers": tuple(goals.PEER_SIDES)}
