@@ -4,8 +4,10 @@ a reset a rewind undoes, and each item is a history event of the log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import pytest
 from switchboard_client.session import SessionClient
 
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -117,3 +119,21 @@ def test_many_items_page_and_split_in_order(client: SessionClient) -> None:
     run(conversation.add_items(many))
     assert run(conversation.get_items()) == many
     assert run(conversation.get_items(limit=1_500)) == many[-1_500:]
+
+
+def test_a_cancelled_write_settles_before_the_cancellation_is_raised(
+    client: SessionClient,
+) -> None:
+    """As the SDK's sessions: the caller that sees CancelledError knows the outcome
+    (here: stored), so it never retries a write that happened."""
+    conversation = session(client)
+
+    async def cancel_while_writing() -> None:
+        write = asyncio.create_task(conversation.add_items(ITEMS[:1]))
+        await asyncio.sleep(0)  # the write is under way in its worker thread
+        write.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        assert await conversation.get_items() == ITEMS[:1]
+
+    run(cancel_while_writing())
