@@ -5,14 +5,16 @@ the conversation into the next turn."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from agents import Agent, Runner, function_tool
 from agents.testing import ScriptedModel, assistant_message, function_call
-from switchboard_client.frameworks.openai_agents import SwitchboardSession
+from switchboard_client.frameworks.openai_agents import SessionConflict, SwitchboardSession
 from switchboard_client.session import SessionClient
 
 from tests.frameworks.openai_agents.conftest import AGENT, run
@@ -85,3 +87,47 @@ def test_an_agents_turns_persist_and_survive_a_server_restart(
     finally:
         client.close()
         server.stop_quietly()
+
+
+class _ReadTogether(SwitchboardSession):
+    """Holds each runner's first read until both runners have read: a race on purpose."""
+
+    def __init__(self, barrier: asyncio.Barrier, *args: Any, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.barrier: asyncio.Barrier | None = barrier
+
+    async def get_items(self, limit: int | None = None) -> list[Any]:
+        items = await super().get_items(limit)
+        if self.barrier is not None:
+            barrier, self.barrier = self.barrier, None
+            await barrier.wait()
+        return items
+
+
+def test_two_runners_racing_on_one_conversation_one_wins_the_other_retries(
+    client: SessionClient,
+) -> None:
+    async def race() -> tuple[list[Any], list[Any]]:
+        barrier = asyncio.Barrier(2)
+        runners = []
+        for name in ("A", "B"):
+            session = _ReadTogether(barrier, "race", client, agent=AGENT, exclusive=True)
+            agent = Agent(name=name, model=ScriptedModel(steps=[[assistant_message(name)]] * 2))
+            runners.append((agent, session))
+        outcomes = await asyncio.gather(
+            *(Runner.run(agent, f"turn of {agent.name}", session=s) for agent, s in runners),
+            return_exceptions=True,
+        )
+        [loser] = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, SessionConflict)]
+        assert not isinstance(outcomes[1 - loser], BaseException), outcomes
+        agent, session = runners[loser]
+        retried = await Runner.run(agent, f"turn of {agent.name}", session=session)
+        assert retried.final_output == agent.name
+        return list(outcomes), await session.get_items()
+
+    outcomes, items = run(race())
+    winner = "AB"[1 - [isinstance(o, SessionConflict) for o in outcomes].index(True)]
+    loser = "AB".replace(winner, "")
+    assert [item["content"] if item.get("role") == "user" else "reply" for item in items] == [
+        f"turn of {winner}", "reply", f"turn of {loser}", "reply",
+    ]  # fmt: skip
