@@ -8,6 +8,7 @@ import asyncio
 import json
 
 import pytest
+from agents.memory import Session
 from switchboard_client.session import SessionClient
 
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -24,6 +25,7 @@ ITEMS = [
 
 def test_items_round_trip_with_limits(client: SessionClient) -> None:
     conversation = session(client)
+    assert isinstance(conversation, Session)  # the SDK's protocol, runtime-checkable
     assert run(conversation.get_items()) == []
     run(conversation.add_items(ITEMS))
 
