@@ -145,14 +145,12 @@ class SwitchboardSession:
         return answer.session
 
     def _write_target(self, *, create: bool) -> pb.Session | None:
-        """Where a write goes: exclusive, the session (and version) this object saw
-        last; shared, the session answering the conversation now."""
-        if self.exclusive and self._current is not None:
-            return self._current
-        session = self._resolve(create=create)
-        if session is not None:
-            self._current = session
-        return session
+        """Where a write goes: the session (and version) this object saw last, else
+        the one answering the conversation now. A shared session whose write finds it
+        ended or gone (another writer's clear, a rewind) forgets it and resolves again."""
+        if self._current is None:
+            self._current = self._resolve(create=create)
+        return self._current
 
     def _get_items(self, limit: int | None) -> list[TResponseInputItem]:
         if limit == 0:
@@ -193,6 +191,7 @@ class SwitchboardSession:
                     raise self._framework_error(error) from error
                 # Another writer cleared the conversation since this object resolved
                 # it: nothing was written; append to the session that answers it now.
+                self._current = None
                 session = self._write_target(create=True)
                 assert session is not None
                 session = self._append(session, chunk)
@@ -223,7 +222,8 @@ class SwitchboardSession:
             except SwitchboardError as error:
                 if self.exclusive or not _session_moved(error):
                     raise self._framework_error(error) from error
-                continue  # cleared meanwhile: pop from the session answering it now
+                self._current = None  # cleared meanwhile: pop from the current session
+                continue
             self._current = _at_version(session, answer.version)
             if not answer.messages:
                 return None
