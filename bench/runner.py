@@ -32,6 +32,7 @@ from bench import (
     feature_costs,
     langgraph_checkpoints,
     open_loop,
+    openai_agents_session,
     peers,
     reads,
     servers,
@@ -71,6 +72,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "console": console.run,
     "langgraph": langgraph_checkpoints.run,
     "adk": adk_adapter.run,
+    "openai-agents": openai_agents_session.run,
 }
 #: The goal-line figures each section gives.
 SIDES = {**throughput.SIDES, "timetravel": timetravel.SIDES, "peers": tuple(goals.PEER_SIDES)}
