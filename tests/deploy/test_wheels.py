@@ -50,6 +50,7 @@ PLATFORM_EXTRAS = ("telegram", "slack")
 FRAMEWORK_EXTRAS = {
     "switchboard_client.frameworks.langgraph": "langgraph",
     "switchboard_client.frameworks.adk": "adk",
+    "switchboard_client.frameworks.openai_agents": "openai-agents",
 }
 FRAMEWORKS = "switchboard_client.frameworks."
 CLIENT_CALLS = Path(__file__).with_name("client_calls.py")

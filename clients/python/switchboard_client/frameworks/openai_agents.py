@@ -37,13 +37,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import grpc
-from agents.exceptions import AgentsException
-from agents.items import TResponseInputItem
-from agents.memory.session_settings import (
-    SessionSettings,
-    coerce_session_settings,
-    resolve_session_limit,
-)
+
+try:
+    from agents.exceptions import AgentsException
+    from agents.items import TResponseInputItem
+    from agents.memory.session_settings import (
+        SessionSettings,
+        coerce_session_settings,
+        resolve_session_limit,
+    )
+except ImportError as missing:  # the extra is not installed: say which one
+    raise ImportError(
+        f"switchboard_client.frameworks.openai_agents needs openai-agents ({missing.name} is "
+        "missing): pip install 'switchboard-client[openai-agents]'"
+    ) from missing
 
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard_client.errors import SwitchboardError
