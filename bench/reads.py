@@ -31,8 +31,8 @@ REPEATS = 15
 
 def _folded_page(core: Core) -> list[records.Session | None]:
     """The page as ListSessions built it before summaries: a fold per session."""
-    rows = core.store.list_sessions("bench", 0, "", None, PAGE)
-    folded = [core.store.session_state(row.session_id) for row in rows]
+    rows = core.store.projections.list_sessions("bench", 0, "", None, PAGE)
+    folded = [core.store.states.session_state(row.session_id) for row in rows]
     return [state.session for state in folded if state is not None]
 
 

@@ -135,7 +135,7 @@ def seed_events(
 
 def _log_chunks(core: Core, chunks: Sequence[tuple[str, int, int]], body: Body, now: float) -> None:
     for session_id, first, count in chunks:
-        index = core.store.session_index(session_id)
+        index = core.store.projections.session_index(session_id)
         assert index is not None, f"no session {session_id}"
         events = []
         for offset in range(count):
@@ -148,7 +148,7 @@ def _log_chunks(core: Core, chunks: Sequence[tuple[str, int, int]], body: Body, 
 
 def log_head(core: Core) -> int:
     """The newest sequence of the log."""
-    return int(core.runner.submit_write(lambda _now: core.store.head()).result())
+    return int(core.runner.submit_write(lambda _now: core.store.log.head()).result())
 
 
 def analyze(core: Core) -> None:

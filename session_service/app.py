@@ -14,10 +14,10 @@ from prometheus_client.metrics_core import Metric
 
 from session_service import key_migration, pii, recovery
 from session_service.core import Core, SessionLimits
-from session_service.erasure_store import REQUEST_SUBJECTS
-from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
 from session_service.servicer import SessionServicer
+from session_service.storage.erasure_store import REQUEST_SUBJECTS
+from session_service.storage.store import SessionStore
 from switchboard import migrations
 from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
 from switchboard.idempotency import SESSION_REQUESTS, RequestStore
@@ -101,9 +101,9 @@ class SessionUnit:
         migrations.prepare(backend, SESSION_SCHEMA, migrate_behind=migrate)
         wanted = limits or SessionLimits()
         self.limits = agreed_limits(backend, wanted, pii_key, database.on_settings_mismatch)
-        self.store = LogStore(backend)
+        self.store = SessionStore(backend)
         self.runner = TransactionRunner(
-            backend, database, begin_write=self.store.lock_log, written_tables=WRITTEN_TABLES
+            backend, database, begin_write=self.store.log.lock_log, written_tables=WRITTEN_TABLES
         )
         self.requests = RequestStore(
             backend,
@@ -132,7 +132,9 @@ class SessionUnit:
 
     def gauges(self) -> Iterable[Metric]:
         """Log gauges for Prometheus, read at scrape time."""
-        lag_and_head = self.runner.submit_read(self.store.head_and_snapshot_lag, consistent=True)
+        lag_and_head = self.runner.submit_read(
+            self.store.projections.head_and_snapshot_lag, consistent=True
+        )
         head, lag = lag_and_head.result(timeout=10)
         yield GaugeMetricFamily(
             "switchboard_log_head_sequence", "The newest sequence of the global log.", value=head

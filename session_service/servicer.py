@@ -20,10 +20,10 @@ from session_service.core import Core
 from session_service.erasure import Erasures, RecordSelection
 from session_service.log_reads import LogQuery, LogReads
 from session_service.multi_agent import MultiAgent
-from session_service.records_store import RecordQuery
 from session_service.retraction import Retraction
 from session_service.scoped_state import ScopedState, ScopedView
 from session_service.session_reads import SessionReads
+from session_service.storage.records_store import RecordQuery
 from session_service.stored_records import ListRequest, StoredRecords
 from session_service.time_travel import Move, TimeTravel
 from switchboard import auth, validation

@@ -13,8 +13,8 @@ from switchboard_client import SessionClient
 
 from session_service import key_migration, recovery
 from session_service.core import Core, SessionLimits
-from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA, injective_routing_keys
+from session_service.storage.store import SessionStore
 from switchboard import migrations
 from switchboard.database import DatabaseSettings, open_backend
 from switchboard.runner import TransactionRunner
@@ -62,8 +62,8 @@ def rebuild(database_url: str | None, data_dir: DataDir | None, output: Output) 
         migrations.prepare(backend, SESSION_SCHEMA)
     except migrations.SchemaError as refused:
         raise click.ClickException(str(refused)) from refused
-    store = LogStore(backend)
-    runner = TransactionRunner(backend, settings, begin_write=store.lock_log)
+    store = SessionStore(backend)
+    runner = TransactionRunner(backend, settings, begin_write=store.log.lock_log)
     try:
         # The progress bar is for people: scripts get the report alone.
         with Progress(disable=output == "json") as bar:
@@ -112,7 +112,7 @@ def key_report(
                 f"(and the report written) by migration {upgrade}; run `switchboard db "
                 "migrate session` or start the service first"
             )
-        found = key_migration.reported(LogStore(backend))
+        found = key_migration.reported(SessionStore(backend))
     shown = [f for f in found if show_all or f.finding != key_migration.AMBIGUOUS]
     if output == "json":
         print_json_lines(dataclasses.asdict(row) for row in shown)

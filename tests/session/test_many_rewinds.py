@@ -70,7 +70,7 @@ def _build_batch(unit: SessionUnit, session_id: str, first: int, count: int) -> 
     def op(now: float) -> list[Round]:
         rounds = []
         for i in range(first, first + count):
-            index = unit.store.session_index(session_id)
+            index = unit.store.projections.session_index(session_id)
             assert index is not None
             events = []
             for offset, body in enumerate(_pair(i)):
@@ -313,7 +313,7 @@ def test_migration_4_backfills_the_markers_from_the_rewind_records(
 
     with session_server(loop_thread, database_url) as service:
         assert _markers(service.unit) == markers, "backfilled as the moves had marked them"
-        timeline = service.unit.store.timeline()
+        timeline = service.unit.store.markers.timeline()
         assert all(timeline.is_active(seq) == active for _, seq, active in markers)
         assert _everything(service, session_id) == before
 

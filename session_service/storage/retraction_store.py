@@ -18,6 +18,7 @@ from typing import Any
 
 import peewee
 
+from session_service.storage.kinds import MESSAGE_APPENDED
 from switchboard.database import Backend, bind_model
 
 
@@ -69,7 +70,7 @@ class RetractionStore:
         rows = self.database.execute_sql(
             self._sql(
                 f"SELECT format, payload FROM session_log WHERE seq IN ({marks}) "
-                "AND kind = 'message_appended' AND active = ? AND (session_id = ? OR EXISTS "
+                f"AND kind = '{MESSAGE_APPENDED}' AND active = ? AND (session_id = ? OR EXISTS "
                 "(SELECT 1 FROM session_lineage g WHERE g.session_id = ? "
                 "AND g.ancestor_id = session_log.session_id AND session_log.seq <= g.until_seq)) "
                 f"AND {NOT_RETRACTED} ORDER BY seq"

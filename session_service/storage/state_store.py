@@ -21,6 +21,7 @@ import peewee
 
 from session_service import storage_format
 from session_service.records import StateChanged, StateScope
+from session_service.storage.kinds import STATE_CHANGED
 from switchboard.database import Backend, bind_model
 
 
@@ -105,7 +106,7 @@ class StateStore:
         self._owner_events = self._sql(
             "SELECT l.format, l.payload FROM session_state_event e "
             "JOIN session_log l ON l.seq = e.seq WHERE e.owner = ? AND l.active = ? "
-            "AND l.kind = 'state_changed' AND l.seq <= ? ORDER BY e.seq"
+            f"AND l.kind = '{STATE_CHANGED}' AND l.seq <= ? ORDER BY e.seq"
         )
 
     def _sql(self, text: str) -> str:
