@@ -49,7 +49,8 @@ async def _timed(core: Core, call: Callable[[], Awaitable[Any]]) -> dict[str, fl
 
 
 async def _figures(core: Core) -> dict[str, dict[str, float]]:
-    reads, talk = seeding.session_reads(core), seeding.conversations(core)
+    rules = seeding.parts(core)
+    reads, talk = rules.reads, rules.conversations
     source = records.Source(transport="web", conversation_id="tab-0")
     return {
         "list": await _timed(core, lambda: reads.list_sessions("bench", 0, "", PAGE, "")),

@@ -36,7 +36,7 @@ class Audit:
         body = OperatorAction(principal=principal, action=action, subject=subject, detail=detail)
 
         def op(now: float) -> Event:
-            [logged] = self.core.store.log.append([Event(body=body)], now)
+            [logged] = self.core.record(now, [Event(body=body)])
             return logged
 
         event: Event = await self.core.write(op)

@@ -104,10 +104,19 @@ class Core:
         self.projection.project(logged, snapshot=True, known=session)
         return logged
 
+    def record(self, now: float, events: Sequence[Event]) -> list[Event]:
+        """Appends events that no projection folds as they are logged: the log's own
+        records (a rewind, an operator action, an erasure), and the RewindApplied a
+        move logs while it refreshes the projections itself (`time_travel`). With
+        `log`, the only way into the log."""
+        return self.store.log.append(events, now)
+
     def notify_watchers(self) -> None:
         self.watching.notify()
 
     async def write(self, op: Callable[[float], Any]) -> Any:
+        """Runs `op(now)` in a write transaction and wakes the watchers after its
+        commit: every write of the session rules comes through here."""
         result = await self.runner.write(op)
         self.notify_watchers()
         return result

@@ -135,7 +135,7 @@ class Erasures:
                 erased_events=count,
                 principal=principal,
             )
-            [record] = self.store.log.append([Event(body=body)], now)
+            [record] = self.core.record(now, [Event(body=body)])
             self.erased.remember(agent, session_id, routing_key, record.sequence)
             return record, count
 
@@ -181,7 +181,7 @@ class Erasures:
                 erased_records=erased,
                 principal=principal,
             )
-            [record] = self.store.log.append([Event(body=body)], now)
+            [record] = self.core.record(now, [Event(body=body)])
             return record, erased, sorted(erasing.sessions)
 
         result: tuple[Event | None, int, list[str]] = await self.core.write(op)

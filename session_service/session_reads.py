@@ -229,7 +229,7 @@ class SessionReads:
             self.store.projections.put_session_index(replace(index, snapshot_version=index.version))
             return self.core.projection.snapshot_session(session_id)
 
-        result: int = await self.runner.write(op)
+        result: int = await self.core.write(op)
         return result
 
     def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[Event]:

@@ -130,7 +130,7 @@ class TimeTravel:
                 raise AlreadyExists("CHECKPOINT_EXISTS", f"checkpoint {label!r} exists already")
             return checkpoint_of(label, head, now)
 
-        result: Checkpoint = await self.core.runner.write(op)
+        result: Checkpoint = await self.core.write(op)
         return result
 
     # -- moving the log ---------------------------------------------------------------------
@@ -267,7 +267,7 @@ class TimeTravel:
     def _move(
         self, now: float, rewound: Rewound, planned: Changes, effects: list[EntityEffect]
     ) -> Event:
-        [logged] = self.store.log.append([Event(body=rewound)], now)
+        [logged] = self.core.record(now, [Event(body=rewound)])
         self.store.markers.add_rewind(logged.sequence, rewound.to_sequence)
         for first, last in planned.abandoned:
             self.store.markers.mark(first, last, active=False)
@@ -319,7 +319,7 @@ class TimeTravel:
         ]
         if not events:
             return
-        for event in self.store.log.append(events, now):
+        for event in self.core.record(now, events):
             if event.session_id:
                 state = session_states[event.session_id]
                 assert state is not None
@@ -355,5 +355,5 @@ class TimeTravel:
             deleted = self.store.markers.truncate_below(below)
             return below, deleted
 
-        result: tuple[int, int] = await self.core.runner.write(op)
+        result: tuple[int, int] = await self.core.write(op)
         return result
