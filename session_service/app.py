@@ -20,7 +20,8 @@ from session_service.migrations import SESSION_SCHEMA
 from session_service.servicer import SessionServicer
 from session_service.storage.erasure_store import REQUEST_SUBJECTS
 from switchboard import migrations
-from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import Backend, DatabaseSettings, SettingsMismatch
 from switchboard.idempotency import SESSION_REQUESTS, RequestStore
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
 from switchboard.shared_settings import SESSION_SETTINGS, Shared, SharedSettings

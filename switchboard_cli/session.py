@@ -16,7 +16,8 @@ from session_service.composition import build_core
 from session_service.migrations import SESSION_SCHEMA, injective_routing_keys
 from session_service.storage.store import SessionStore
 from switchboard import migrations
-from switchboard.database import DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import DatabaseSettings
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard_cli import agent as agent_commands
 from switchboard_cli.databases import (

@@ -34,7 +34,8 @@ from session_service.pii import Redactor
 from session_service.storage.erasure_store import ErasureStore
 from session_service.storage.store import SessionStore
 from switchboard import migrations
-from switchboard.database import Backend, DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import Backend, DatabaseSettings
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
 from switchboard.session.v1 import session_service_pb2 as spb
 from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc

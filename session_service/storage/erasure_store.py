@@ -75,14 +75,11 @@ class ErasureStore:
         self.backend = backend
         self.redactor = redactor
         self.database: Any = backend.database
+        self._sql = backend.sql  # `?` placeholders, in the backend's dialect
         self.ErasedId = bind_model(ErasedIdRow, self.database)
         self.ErasedKey = bind_model(ErasedKeyRow, self.database)
         self.Subject = bind_model(RequestSubjectRow, self.database)
         self.models = (self.ErasedId, self.ErasedKey, self.Subject)
-        self._q = self.database.param
-
-    def _sql(self, text: str) -> str:
-        return text.replace("?", self._q)
 
     def _run(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self.database.execute_sql(self._sql(sql), list(params))

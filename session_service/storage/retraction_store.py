@@ -45,12 +45,9 @@ NOT_RETRACTED = (
 class RetractionStore:
     def __init__(self, backend: Backend) -> None:
         self.database: Any = backend.database
+        self._sql = backend.sql  # `?` placeholders, in the backend's dialect
         self.Retraction = bind_model(RetractionRow, self.database)
         self.models = (self.Retraction,)
-        self._q = self.database.param
-
-    def _sql(self, text: str) -> str:
-        return text.replace("?", self._q)
 
     def index(self, session_id: str, by_seq: int, sequences: Sequence[int]) -> None:
         for message_seq in sequences:

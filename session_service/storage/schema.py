@@ -229,11 +229,8 @@ class Tables:
             self.Rewind, self.Checkpoint, self.Retention, self.Lineage, self.VersionFloor,
             self.KeyReport,
         )  # fmt: skip
-        self._q = self.database.param
-
-    def sql(self, text: str) -> str:
-        """`text` with its `?` placeholders in the backend's style."""
-        return text.replace("?", self._q)
+        #: `?` placeholders in the backend's dialect (`Backend.sql`).
+        self.sql = backend.sql
 
 
 class Part:
@@ -257,7 +254,7 @@ class Part:
         self.KeyReport = tables.KeyReport
 
     def _sql(self, text: str) -> str:
-        return self.tables.sql(text)
+        return self.backend.sql(text)
 
     def _write(self, sql: str, params: Sequence[Any]) -> None:
         """A log INSERT or projection upsert: nothing reads its answer, so the backend

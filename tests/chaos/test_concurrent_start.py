@@ -29,7 +29,8 @@ from delivery_service.migrations import DELIVERY_SCHEMA
 from session_service.migrations import BASELINE_MODELS as SESSION_BASELINE
 from session_service.migrations import SESSION_SCHEMA
 from session_service.storage.store import SessionStore
-from switchboard.database import DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import DatabaseSettings
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
 from switchboard.session.v1 import session_service_pb2 as spb

@@ -18,7 +18,8 @@ from session_service import convert, records
 from session_service.app import SessionUnit
 from session_service.migrations import FRAMEWORK_TABLES, SESSION_SCHEMA
 from session_service.time_travel import TimeTravel
-from switchboard.database import DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import DatabaseSettings
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import EventLoopThread, InProcessSession, session_server

@@ -13,13 +13,15 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, TypeVar
 
 import pytest
 
 from session_service import storage_format
+from session_service.composition import build_core
 from session_service.core import Core
+from session_service.migrations import SESSION_SCHEMA
 from session_service.records import (
     Event,
     InboxPosted,
@@ -29,6 +31,9 @@ from session_service.records import (
     Role,
 )
 from session_service.storage.event_log import agent_entity, session_entity
+from switchboard import migrations
+from switchboard.backends import open_backend
+from switchboard.database import DatabaseSettings
 
 T = TypeVar("T")
 NOW = 1_700_000_000.0
@@ -51,6 +56,19 @@ def texts(events: list[Event]) -> list[str]:
         assert event.body.message is not None
         found.append(event.body.message.content)
     return found
+
+
+@contextmanager
+def migrated_core(url: str) -> Iterator[Core]:
+    """The session core on the database at `url`, migrated, as the server builds it."""
+    settings = DatabaseSettings(url=url)
+    backend = open_backend(settings)
+    migrations.prepare(backend, SESSION_SCHEMA)
+    core = build_core(backend, settings)
+    try:
+        yield core
+    finally:
+        core.runner.close()
 
 
 class Failed(Exception):

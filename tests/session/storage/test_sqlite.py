@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
-from session_service.composition import build_core
 from session_service.core import Core
-from session_service.migrations import SESSION_SCHEMA
-from switchboard import migrations
-from switchboard.database import DatabaseSettings, open_backend
-from tests.session.storage.contract import EventLogContract
+from tests.session.storage.contract import EventLogContract, migrated_core
 
 
 class TestSqliteEventLog(EventLogContract):
@@ -21,13 +16,5 @@ class TestSqliteEventLog(EventLogContract):
     def _directory(self, tmp_path: Path) -> None:
         self.directory = tmp_path
 
-    @contextmanager
-    def open_core(self) -> Iterator[Core]:
-        settings = DatabaseSettings(url=f"sqlite:///{self.directory / 'session.db'}")
-        backend = open_backend(settings)
-        migrations.prepare(backend, SESSION_SCHEMA)
-        core = build_core(backend, settings)
-        try:
-            yield core
-        finally:
-            core.runner.close()
+    def open_core(self) -> AbstractContextManager[Core]:
+        return migrated_core(f"sqlite:///{self.directory / 'session.db'}")
