@@ -31,8 +31,8 @@ REPEATS = 15
 
 def _folded_page(core: Core) -> list[records.Session | None]:
     """The page as ListSessions built it before summaries: a fold per session."""
-    rows = core.store.list_sessions("bench", 0, "", None, PAGE)
-    folded = [core.store.session_state(row.session_id) for row in rows]
+    rows = core.store.projections.list_sessions("bench", 0, "", None, PAGE)
+    folded = [core.store.states.session_state(row.session_id) for row in rows]
     return [state.session for state in folded if state is not None]
 
 
@@ -49,7 +49,8 @@ async def _timed(core: Core, call: Callable[[], Awaitable[Any]]) -> dict[str, fl
 
 
 async def _figures(core: Core) -> dict[str, dict[str, float]]:
-    reads, talk = seeding.session_reads(core), seeding.conversations(core)
+    rules = seeding.parts(core)
+    reads, talk = rules.reads, rules.conversations
     source = records.Source(transport="web", conversation_id="tab-0")
     return {
         "list": await _timed(core, lambda: reads.list_sessions("bench", 0, "", PAGE, "")),

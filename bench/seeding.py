@@ -1,10 +1,9 @@
 """Seeds written through the services' own write paths, batched, never raw SQL; and the
 wiring of the services' cores the seeds and the in-process sections need.
 
-The wiring is the functions under "wiring" and nothing else: today they build the
-cores the way the servers do (`SessionUnit`, `DeliveryUnit`: the runner with the log
-lock, the store, the core); a composition root of the session core replaces them here,
-in one place.
+The wiring is the functions under "wiring" and nothing else: the session core and its
+rules come from the service's composition root (`session_service.composition`, through
+`SessionUnit`), the ledger from `DeliveryUnit`, as the servers build them.
 
 - Session logs: sessions opened by `Conversations.open_session`, events appended by
   `Core.log` (the write path every append takes: sequences, projections, summaries and
@@ -27,12 +26,10 @@ from bench.workloads import CRASHED_GATEWAY
 from delivery_service.app import DeliveryUnit
 from delivery_service.records import NewObligation
 from session_service import convert, records, routing
-from session_service.agents import Agents
 from session_service.app import SessionUnit
-from session_service.conversations import Conversations, new_session_id
+from session_service.composition import Parts, build_parts
+from session_service.conversations import new_session_id
 from session_service.core import Core
-from session_service.session_reads import SessionReads
-from session_service.time_travel import TimeTravel
 from switchboard.database import DatabaseSettings, SqliteSync
 from switchboard.session.v1 import session_service_pb2 as pb
 
@@ -57,16 +54,9 @@ def session_unit(url: str) -> Iterator[SessionUnit]:
         unit.close()
 
 
-def conversations(core: Core) -> Conversations:
-    return Conversations(core, Agents(core))
-
-
-def session_reads(core: Core) -> SessionReads:
-    return SessionReads(core)
-
-
-def time_travel(core: Core) -> TimeTravel:
-    return TimeTravel(core)
+def parts(core: Core) -> Parts:
+    """The session rules over `core`, as the servicer serves them."""
+    return build_parts(core)
 
 
 @contextmanager
@@ -84,8 +74,9 @@ def delivery_unit(url: str, sync: SqliteSync = "FULL") -> Iterator[DeliveryUnit]
 
 def open_sessions(core: Core, agent: str, count: int) -> list[str]:
     """Creates `agent` and opens `count` sessions of it (web, tab-N); their ids."""
-    asyncio.run(Agents(core).create_agent(records.Agent(name=agent)))
-    talk = conversations(core)
+    rules = parts(core)
+    asyncio.run(rules.agents.create_agent(records.Agent(name=agent)))
+    talk = rules.conversations
 
     def op(now: float) -> list[str]:
         opened = []
@@ -135,7 +126,7 @@ def seed_events(
 
 def _log_chunks(core: Core, chunks: Sequence[tuple[str, int, int]], body: Body, now: float) -> None:
     for session_id, first, count in chunks:
-        index = core.store.session_index(session_id)
+        index = core.store.projections.session_index(session_id)
         assert index is not None, f"no session {session_id}"
         events = []
         for offset in range(count):
@@ -148,7 +139,7 @@ def _log_chunks(core: Core, chunks: Sequence[tuple[str, int, int]], body: Body, 
 
 def log_head(core: Core) -> int:
     """The newest sequence of the log."""
-    return int(core.runner.submit_write(lambda _now: core.store.head()).result())
+    return int(core.runner.submit_write(lambda _now: core.store.log.head()).result())
 
 
 def analyze(core: Core) -> None:

@@ -98,7 +98,7 @@ def restart_seconds(url: str, directory: Path) -> float:
 def rewind_seconds(url: str, target: int) -> float:
     """One global rewind to `target`, in process on the core."""
     with seeding.session_unit(url) as unit:
-        travel = seeding.time_travel(unit.core)
+        travel = seeding.parts(unit.core).time_travel
         began = time.perf_counter()
         asyncio.run(travel.rewind(target, ""))
         return time.perf_counter() - began

@@ -16,7 +16,8 @@ from delivery_service.servicer import DeliveryServicer
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
 from switchboard import migrations
-from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import Backend, DatabaseSettings, SettingsMismatch
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
 from switchboard.idempotency import LEDGER_REQUESTS, RequestStore
 from switchboard.runner import TransactionRunner

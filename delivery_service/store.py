@@ -99,7 +99,6 @@ class LedgerStore:
         # The send path (record, mark) runs prepared SQL text: building each
         # statement with peewee cost more CPU than executing and committing it.
         self._database: Any = backend.database
-        self._param = self._database.param
         self._sql_cache: dict[tuple[Any, ...], str] = {}
         # The row takes the recording instance's gateway, read in the same statement.
         values = ", ".join("i.gateway_name" if c == "gateway_name" else "?" for c in COLUMNS)
@@ -116,7 +115,7 @@ class LedgerStore:
 
     def _sql(self, text: str) -> str:
         """`?` placeholders in the backend's parameter style."""
-        return text.replace("?", self._param)
+        return self.backend.sql(text)
 
     # -- instances ------------------------------------------------------------------------
 

@@ -12,7 +12,6 @@ from functools import partial
 from session_service import convert, permissions, replay, storage_format
 from session_service.checks import MAX_AGENT_BYTES, agent_name, checked_agent
 from session_service.core import Core
-from session_service.log_store import AgentIndex, agent_summary
 from session_service.records import (
     Agent,
     AgentArchived,
@@ -23,6 +22,7 @@ from session_service.records import (
     MemoryPut,
     PermissionEffect,
 )
+from session_service.storage.projections import AgentIndex, agent_summary
 from switchboard import pagination, validation
 from switchboard.errors import (
     AlreadyExists,
@@ -40,7 +40,7 @@ class Agents:
         self.runner = core.runner
 
     def live_agent(self, name: str) -> Agent:
-        agent = self.store.agent_state(name)
+        agent = self.store.states.agent_state(name)
         if agent is None:
             raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
         if agent.archived:
@@ -50,7 +50,7 @@ class Agents:
     def live_agent_summary(self, name: str) -> Agent:
         """The live agent without its memory, from its projection row (one statement):
         enough for routing, freshness and existence checks."""
-        index = self.store.agent_index(name)
+        index = self.store.projections.agent_index(name)
         if index is None:
             raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
         agent = self.agent_summary_of(index)
@@ -62,7 +62,7 @@ class Agents:
         """The agent without its memory, from its projection row (a row not summarized
         yet folds the agent: see `recovery.fill_summaries`)."""
         if index.summary is None:
-            agent = self.store.agent_state(index.name)
+            agent = self.store.states.agent_state(index.name)
             assert agent is not None
             return agent_summary(agent)
         return storage_format.decode_agent_summary(index.summary)
@@ -74,9 +74,9 @@ class Agents:
         created.create_time = created.update_time = None
 
         def op(now: float) -> Agent:
-            if self.store.agent_index(agent.name) is not None:
+            if self.store.projections.agent_index(agent.name) is not None:
                 raise AlreadyExists("AGENT_EXISTS", f"agent {agent.name!r} exists already")
-            parent = self.store.agent_state(created.parent) if created.parent else None
+            parent = self.store.states.agent_state(created.parent) if created.parent else None
             if parent is not None:
                 # A record of what it may never do; the parent's current rules bind it anyway.
                 inherited = [r for r in parent.permissions if r.effect == PermissionEffect.DENY]
@@ -91,7 +91,7 @@ class Agents:
         agent_name("name", name)
 
         def op() -> Agent:
-            agent = self.store.agent_state(name)
+            agent = self.store.states.agent_state(name)
             if agent is None:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
             return agent
@@ -108,7 +108,7 @@ class Agents:
         after = position[0] if position else ""
 
         def op(may_fold: bool = True) -> tuple[list[Agent], str] | None:
-            rows = self.store.list_agents(after, size + 1, include_archived)
+            rows = self.store.projections.list_agents(after, size + 1, include_archived)
             more = len(rows) > size
             if not may_fold and any(row.summary is None for row in rows[:size]):
                 return None
@@ -153,12 +153,12 @@ class Agents:
         agent_name("name", name)
 
         def op(now: float) -> Agent:
-            agent = self.store.agent_state(name)
+            agent = self.store.states.agent_state(name)
             if agent is None:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {name!r} does not exist")
             if not agent.archived:
                 self.core.log(now, [Event(agent=name, body=AgentArchived())])
-            archived = self.store.agent_state(name)
+            archived = self.store.states.agent_state(name)
             assert archived is not None
             return archived
 
@@ -233,7 +233,7 @@ class Agents:
 
     def lineage(self, agent: Agent) -> permissions.Ancestry:
         """The agent's ancestors as they are now (one read each)."""
-        return permissions.ancestry(agent, self.store.agent_state)
+        return permissions.ancestry(agent, self.store.states.agent_state)
 
     def whole_lineage(self, agent: Agent) -> permissions.Ancestry:
         """The sub-agent's ancestors; FAILED_PRECONDITION naming the break when the chain

@@ -1,4 +1,5 @@
-"""Wires the SessionService together: database → log store → core → servicer."""
+"""The SessionService ready to serve: its database checked and migrated, the settings
+replicas share agreed, the core built (`composition`) and the servicer mounted."""
 
 from __future__ import annotations
 
@@ -13,26 +14,20 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from session_service import key_migration, pii, recovery
-from session_service.core import Core, SessionLimits
-from session_service.erasure_store import REQUEST_SUBJECTS
-from session_service.log_store import LogStore
+from session_service.composition import build_core, build_parts
+from session_service.core import SessionLimits
 from session_service.migrations import SESSION_SCHEMA
 from session_service.servicer import SessionServicer
+from session_service.storage.erasure_store import REQUEST_SUBJECTS
 from switchboard import migrations
-from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import Backend, DatabaseSettings, SettingsMismatch
 from switchboard.idempotency import SESSION_REQUESTS, RequestStore
-from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
 from switchboard.shared_settings import SESSION_SETTINGS, Shared, SharedSettings
 
 SERVICE_NAME = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 log = logging.getLogger(__name__)
-#: What appends write (the log and its head), the projections most calls update and the
-#: remembered calls: health reports NOT_SERVING while a write cannot lock them.
-WRITTEN_TABLES = (
-    "session_log_head", "session_log", "session_session", "session_agent", SESSION_REQUESTS,
-)  # fmt: skip
-
 #: The stored PII key name of replicas without a key (ids hashed unkeyed).
 NO_PII_KEY = "none"
 
@@ -101,10 +96,6 @@ class SessionUnit:
         migrations.prepare(backend, SESSION_SCHEMA, migrate_behind=migrate)
         wanted = limits or SessionLimits()
         self.limits = agreed_limits(backend, wanted, pii_key, database.on_settings_mismatch)
-        self.store = LogStore(backend)
-        self.runner = TransactionRunner(
-            backend, database, begin_write=self.store.lock_log, written_tables=WRITTEN_TABLES
-        )
         self.requests = RequestStore(
             backend,
             SESSION_REQUESTS,
@@ -112,14 +103,15 @@ class SessionUnit:
             fingerprint_key=redactor.fingerprint_key(),
             subject_table=REQUEST_SUBJECTS,  # what erasure finds remembered answers by
         )
-        self.core = Core(self.runner, self.store, self.limits, redactor)
+        self.core = build_core(backend, database, self.limits, redactor)
+        self.store, self.runner = self.core.store, self.core.runner
         self.head = recovery.verify(self.core)
         recovery.fill_summaries(self.core)
         key_migration.announce(self.store)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-            SessionServicer(self.core, self.requests), server
+            SessionServicer(build_parts(self.core), self.requests), server
         )
 
     def close(self) -> None:
@@ -132,7 +124,9 @@ class SessionUnit:
 
     def gauges(self) -> Iterable[Metric]:
         """Log gauges for Prometheus, read at scrape time."""
-        lag_and_head = self.runner.submit_read(self.store.head_and_snapshot_lag, consistent=True)
+        lag_and_head = self.runner.submit_read(
+            self.store.projections.head_and_snapshot_lag, consistent=True
+        )
         head, lag = lag_and_head.result(timeout=10)
         yield GaugeMetricFamily(
             "switchboard_log_head_sequence", "The newest sequence of the global log.", value=head

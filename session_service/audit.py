@@ -2,7 +2,7 @@
 
 An `OperatorAction` event belongs to no agent or session (like a rewind record),
 so no state folds it; unlike a rewind record, no move ever abandons it
-(`LogStore.mark` leaves it active) and no truncation deletes it.
+(`Markers.mark` leaves it active) and no truncation deletes it.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Audit:
         body = OperatorAction(principal=principal, action=action, subject=subject, detail=detail)
 
         def op(now: float) -> Event:
-            [logged] = self.core.store.append([Event(body=body)], now)
+            [logged] = self.core.record(now, [Event(body=body)])
             return logged
 
         event: Event = await self.core.write(op)

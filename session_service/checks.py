@@ -109,7 +109,7 @@ def checked_message(field: str, message: Message | None, max_content_bytes: int)
 
 def checked_message_ref(field: str, value: str) -> str:
     """A platform's message id: the key an inbox accepts one post per (see
-    `LogStore.accepted_post`), so every character must be one a person can read
+    `EventLog.accepted_post`), so every character must be one a person can read
     back in a log or an error: no control, format, separator (but the space),
     private-use or unassigned characters."""
     validation.text(field, value, max_len=MAX_MESSAGE_REF_CHARS)

@@ -119,7 +119,7 @@ class Continuity:
             return [], []  # never resumed, and its marks never expire
         fresh: list[Session] = []
         stale: list[Session] = []
-        for index in self.core.store.resumable(agent):
+        for index in self.core.store.projections.resumable(agent):
             session = self.core.summary(index.session_id)
             if session.suspended:
                 continue

@@ -19,8 +19,6 @@ from session_service.checks import (
     refuse_unanswerable,
 )
 from session_service.core import Core
-from session_service.erasure_store import ErasureStore
-from session_service.log_store import SessionIndex, session_entity
 from session_service.records import (
     Event,
     EventInput,
@@ -42,6 +40,9 @@ from session_service.records import (
     TempStateChanged,
 )
 from session_service.scoped_state import ScopedState, checked_deltas
+from session_service.storage.erasure_store import ErasureStore
+from session_service.storage.event_log import session_entity
+from session_service.storage.projections import SessionIndex
 from switchboard import validation
 from switchboard.errors import (
     Aborted,
@@ -96,7 +97,7 @@ class Conversations:
             inherited_message_count=inherited_message_count,
         )
         # Above any version a session of this id ever had (one a rewind undid, say).
-        first = self.store.highest_version(session_entity(session_id)) + 1
+        first = self.store.markers.highest_version(session_entity(session_id)) + 1
         event = Event(agent=agent, session_id=session_id, session_version=first, body=opened)
         self.core.log(now, [event])
         return self.core.summary(session_id)
@@ -157,8 +158,8 @@ class Conversations:
             new_id = new_session_id()
             # Single flight: the first to take the route creates the session;
             # a concurrent resolver (another replica too) finds the route taken.
-            if not self.store.claim_route(agent, key, new_id):
-                taken = self.store.route(agent, key)
+            if not self.store.projections.claim_route(agent, key, new_id):
+                taken = self.store.projections.route(agent, key)
                 assert taken is not None
                 return self.core.summary(taken), False
             return self.open_session(now, agent, new_id, key, stored), True
@@ -195,7 +196,7 @@ class Conversations:
 
         def op(now: float) -> Session:
             self.agents.live_agent_summary(agent)
-            if self.store.session_index(chosen) is not None:
+            if self.store.projections.session_index(chosen) is not None:
                 raise AlreadyExists("SESSION_EXISTS", f"session {chosen!r} exists already")
             self._refuse_erased_id(chosen, reopen_erased)  # hook (issue 23)
             return self.open_session(now, agent, chosen, "", Source(), temp_state)
@@ -251,16 +252,20 @@ class Conversations:
         keyed with its raw thread: found by that key, it keeps its session (until a
         reset opens the next one under `key`, see `reset_now`). The second look costs
         a statement only when `key` routes nowhere and the thread was hashed."""
-        found = self.store.routed_session(agent, key)
+        found = self.store.projections.routed_session(agent, key)
         if found is not None:
             return found
         before_hashing = routing.key_with_raw_thread(agent, source, stored, policy)
         if before_hashing is not None:
-            return self.store.routed_session(agent, before_hashing)
+            return self.store.projections.routed_session(agent, before_hashing)
         # Hook (issue 23): a web, cron or repl conversation with a user, opened before
         # users were key components, keeps its session under its key without u=.
         without_user = routing.key_without_user(agent, stored, policy)
-        return None if without_user is None else self.store.routed_session(agent, without_user)
+        return (
+            None
+            if without_user is None
+            else self.store.projections.routed_session(agent, without_user)
+        )
 
     def _refuse_erased_key(self, agent: str, key: str, reopen: bool) -> None:
         """A routing key whose session was erased opens a new one only when asked."""
@@ -422,7 +427,7 @@ class Conversations:
         assert isinstance(posted.body, InboxPosted) and posted.body.message is not None
         stored_ref = posted.body.message.message_ref
         if stored_ref:
-            accepted = self.store.accepted_post(session_id, stored_ref)
+            accepted = self.store.log.accepted_post(session_id, stored_ref)
             if accepted is not None:
                 return accepted, True
         self._refuse_state_growth_past_limit(session_id, [posted])
@@ -433,7 +438,7 @@ class Conversations:
         growth = sum(convert.encoded_size(e) for e in events if isinstance(e.body, _STATE_GROWING))
         if not growth:
             return  # plain history appends never read the state: the hot path stays cheap
-        state = self.store.session_state(session_id)
+        state = self.store.states.session_state(session_id)
         assert state is not None
         if convert.encoded_size(state) + growth > MAX_SESSION_STATE_BYTES:
             raise FailedPrecondition(

@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from session_service import pii, storage_format
-from session_service.log_store import LogStore, SessionIndex
 from session_service.projection import Projection
 from session_service.records import (
     CARRYING_MESSAGES,
@@ -25,6 +24,8 @@ from session_service.records import (
     Session,
     SessionStatus,
 )
+from session_service.storage.projections import SessionIndex
+from session_service.storage.store import SessionStore
 from session_service.watching import Watching, WatchLimits
 from switchboard.errors import FailedPrecondition, NotFound
 from switchboard.idempotency import DEFAULT_WINDOW_S
@@ -74,7 +75,7 @@ class Core:
     def __init__(
         self,
         runner: TransactionRunner,
-        store: LogStore,
+        store: SessionStore,
         limits: SessionLimits,
         redactor: pii.Redactor | None = None,
     ) -> None:
@@ -99,21 +100,30 @@ class Core:
         the projection row of the events' session as the caller read it in this
         transaction (under the log lock), so that it is not read again."""
         self.projection.number_agent_events(events)
-        logged = self.store.append(events, now)
+        logged = self.store.log.append(events, now)
         self.projection.project(logged, snapshot=True, known=session)
         return logged
+
+    def record(self, now: float, events: Sequence[Event]) -> list[Event]:
+        """Appends events that no projection folds as they are logged: the log's own
+        records (a rewind, an operator action, an erasure), and the RewindApplied a
+        move logs while it refreshes the projections itself (`time_travel`). With
+        `log`, the only way into the log."""
+        return self.store.log.append(events, now)
 
     def notify_watchers(self) -> None:
         self.watching.notify()
 
     async def write(self, op: Callable[[float], Any]) -> Any:
+        """Runs `op(now)` in a write transaction and wakes the watchers after its
+        commit: every write of the session rules comes through here."""
         result = await self.runner.write(op)
         self.notify_watchers()
         return result
 
     def session_of(self, agent: str, session_id: str) -> SessionIndex:
         """The agent's session; another agent's session is NOT_FOUND too (routing is scoped)."""
-        index = self.store.session_index(session_id)
+        index = self.store.projections.session_index(session_id)
         if index is None or index.agent != agent:
             raise NotFound("SESSION_NOT_FOUND", f"agent {agent!r} has no session {session_id!r}")
         return index
@@ -129,10 +139,10 @@ class Core:
     def summary(self, session_id: str, index: SessionIndex | None = None) -> Session:
         """The session as its projection row keeps it: one statement, none when the
         caller passes the row it read in this transaction."""
-        index = index or self.store.session_index(session_id)
+        index = index or self.store.projections.session_index(session_id)
         assert index is not None, f"no session {session_id!r}"
         if index.summary is None:  # a row not summarized yet (see `recovery.fill_summaries`)
-            state = self.store.session_state(session_id)
+            state = self.store.states.session_state(session_id)
             assert state is not None and state.session is not None
             return state.session
         return storage_format.decode_session_summary(index.summary)
@@ -144,7 +154,7 @@ class Core:
     def redacts_pii(self, agent: str) -> bool:
         """The agent's setting, read from its state: 2 statements (the latest
         snapshot, the events after it)."""
-        state = self.store.agent_state(agent)
+        state = self.store.states.agent_state(agent)
         return state is not None and state.settings is not None and state.settings.redact_pii
 
     def redact_senders(
@@ -176,5 +186,5 @@ class Core:
     def _watchable(self, agent: str, session_id: str) -> None:
         if agent:
             self.session_of(agent, session_id)
-        elif self.store.session_index(session_id) is None:
+        elif self.store.projections.session_index(session_id) is None:
             raise NotFound("SESSION_NOT_FOUND", f"there is no session {session_id!r}")

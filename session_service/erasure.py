@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 from session_service.checks import agent_name, checked_session_id
 from session_service.core import Core
-from session_service.erasure_store import ErasureStore
-from session_service.log_store import session_entity
 from session_service.records import Erasure, Event, RecordsPut, StoredRecord
-from session_service.records_store import IndexedRecord, RecordQuery
-from session_service.state_store import session_owner
+from session_service.storage.erasure_store import ErasureStore
+from session_service.storage.event_log import session_entity
+from session_service.storage.records_store import IndexedRecord, RecordQuery
+from session_service.storage.state_store import session_owner
 from session_service.stored_records import checked_kind, checked_label_filters, checked_name
 from switchboard.errors import InvalidArgument, NotFound
 from switchboard.idempotency import SESSION_REQUESTS
@@ -135,7 +135,7 @@ class Erasures:
                 erased_events=count,
                 principal=principal,
             )
-            [record] = self.store.append([Event(body=body)], now)
+            [record] = self.core.record(now, [Event(body=body)])
             self.erased.remember(agent, session_id, routing_key, record.sequence)
             return record, count
 
@@ -147,8 +147,8 @@ class Erasures:
         """A session created again under the erased id (reopen_erased) must start
         above every version the erased one had: its rows no longer say them."""
         entity = session_entity(session_id)
-        version = self.store.highest_version(entity)
-        floor = self.store.VersionFloor
+        version = self.store.markers.highest_version(entity)
+        floor = self.store.tables.VersionFloor
         floor.insert(entity=entity, version=version).on_conflict(
             conflict_target=[floor.entity], update={floor.version: version}
         ).execute()
@@ -165,7 +165,7 @@ class Erasures:
         def op(now: float) -> tuple[Event | None, int, list[str]]:
             if session_id:
                 self.core.session_of(agent, session_id)
-            elif self.store.agent_index(agent) is None:
+            elif self.store.projections.agent_index(agent) is None:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {agent!r} does not exist")
             erasing = self._gather(agent, session_id, selection)
             if not erasing.rows:
@@ -181,7 +181,7 @@ class Erasures:
                 erased_records=erased,
                 principal=principal,
             )
-            [record] = self.store.append([Event(body=body)], now)
+            [record] = self.core.record(now, [Event(body=body)])
             return record, erased, sorted(erasing.sessions)
 
         result: tuple[Event | None, int, list[str]] = await self.core.write(op)

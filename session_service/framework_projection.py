@@ -26,10 +26,10 @@ from session_service.records import (
     SessionState,
     StateChanged,
 )
-from session_service.records_store import RecordsStore
-from session_service.retraction_store import RetractionStore
-from session_service.session_user_store import SessionUserStore
-from session_service.state_store import StateStore, owner_of
+from session_service.storage.records_store import RecordsStore
+from session_service.storage.retraction_store import RetractionStore
+from session_service.storage.session_user_store import SessionUserStore
+from session_service.storage.state_store import StateStore, owner_of
 from session_service.timeline import Changes
 from switchboard.database import Backend
 

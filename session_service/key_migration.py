@@ -34,7 +34,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from session_service import legacy_keys, pii, routing, storage_format
-from session_service.log_store import LogStore
 from session_service.records import (
     ChatType,
     Event,
@@ -47,6 +46,8 @@ from session_service.records import (
     SessionStatus,
     Source,
 )
+from session_service.storage.kinds import INBOX_POSTED, MESSAGE_APPENDED
+from session_service.storage.store import SessionStore
 from switchboard.migrations import Schema
 
 log = logging.getLogger(__name__)
@@ -120,17 +121,17 @@ def migrate(schema: Schema) -> list[Finding]:
     return findings
 
 
-def reported(store: LogStore) -> list[Finding]:
+def reported(store: SessionStore) -> list[Finding]:
     """The report the migration wrote, most severe first."""
     with store.database.connection_context():
-        rows = store.key_report()
+        rows = store.projections.key_report()
     return sorted(
         (Finding(**row) for row in rows),
         key=lambda f: (FINDINGS.index(f.finding), f.agent, f.session_id),
     )
 
 
-def announce(store: LogStore) -> None:
+def announce(store: SessionStore) -> None:
     """One warning at start-up while the report lists sessions."""
     found = reported(store)
     if found:
@@ -319,7 +320,7 @@ class _Analysis:
             rows = self.schema.execute(
                 "SELECT session_id, format, payload FROM session_log WHERE kind IN (?, ?) "
                 f"AND active = ? AND session_id IN ({', '.join('?' * len(batch))})",
-                ("message_appended", "inbox_posted", True, *batch),
+                (MESSAGE_APPENDED, INBOX_POSTED, True, *batch),
             ).fetchall()
             for session_id, format_number, payload in rows:
                 body = storage_format.decode_event(int(format_number), payload).body

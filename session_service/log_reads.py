@@ -83,7 +83,7 @@ class LogReads:
             after, before = (after, position[0]) if query.newest else (position[0], before)
 
         def op() -> LogPage:
-            found, more = self.store.log_page(
+            found, more = self.store.history.log_page(
                 after,
                 before or None,
                 query.agent,
@@ -96,7 +96,7 @@ class LogReads:
             )
             edge = (found[0] if query.newest else found[-1])[0].sequence if found else 0
             token = pagination.encode([edge], filters) if more else ""
-            return LogPage(found, token, self.store.head(), self.store.retained_from())
+            return LogPage(found, token, self.store.log.head(), self.store.markers.retained_from())
 
         # The rows' sizes, the rows that fit, which are abandoned: a move committed
         # between them would hand back a page no state of the log had.
@@ -116,7 +116,7 @@ class LogReads:
         after = None if position is None else (position[0], position[1])
 
         def op() -> tuple[list[Checkpoint], str]:
-            rows = self.store.checkpoints_page(after, size + 1, min_sequence)
+            rows = self.store.markers.checkpoints_page(after, size + 1, min_sequence)
             more = len(rows) > size
             rows = rows[:size]
             page = [checkpoint_of(label, seq, at) for label, seq, at in rows]

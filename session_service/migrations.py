@@ -2,7 +2,7 @@
 
 The models below are frozen copies of the tables as migration 1 (the baseline,
 the schema of the release before versioning) creates them. They are not the
-store's models in `session_service.log_store`: those keep changing, a shipped
+store's models in `session_service.storage.schema`: those keep changing, a shipped
 migration never does.
 """
 

@@ -59,7 +59,7 @@ class MultiAgent:
         """Decides for the session and records the decision in its log."""
         owner = self.agents.live_agent(agent)
         index = self.core.open_session_of(agent, session_id)
-        state = self.store.session_state(session_id)
+        state = self.store.states.session_state(session_id)
         assert state is not None and state.session is not None
         # The owner's ancestors, read once: their current rules bound a sub-agent.
         lineage = self.agents.lineage(owner)
@@ -131,17 +131,17 @@ class MultiAgent:
             self.agents.live_agent(agent)
             source = self.core.session_of(agent, session_id)
             at = at_sequence or source.last_seq
-            if at < source.created_seq or at > self.store.head():
+            if at < source.created_seq or at > self.store.log.head():
                 raise InvalidArgument(
                     "at_sequence",
                     f"must lie between the session's creation ({source.created_seq}) and the "
                     "log head",
                 )
-            if not self.store.is_active(at):
+            if not self.store.log.is_active(at):
                 raise FailedPrecondition(
                     "FORK_FROM_ABANDONED", f"sequence {at} lies on an abandoned branch"
                 )
-            state = self.store.session_state(session_id, until=at)
+            state = self.store.states.session_state(session_id, until=at)
             assert state is not None and state.session is not None
             layers = list(state.session.narrowing)
             if narrowing.rules:
@@ -205,7 +205,7 @@ class MultiAgent:
         def then(now: float) -> tuple[Session, bool, bool]:
             receiver = self.agents.live_agent(to_agent)
             key = routing.routing_key(to_agent, source, None)
-            existing = self.store.route(to_agent, key)
+            existing = self.store.projections.route(to_agent, key)
             created = existing is None
             if existing is None:
                 lineage = Lineage(parent_session_id=session_id, parent_agent=agent, delegated=True)

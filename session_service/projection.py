@@ -17,15 +17,6 @@ from dataclasses import replace
 
 from session_service import replay, storage_format
 from session_service.framework_projection import FrameworkProjection
-from session_service.log_store import (
-    AgentIndex,
-    LogStore,
-    SessionIndex,
-    agent_entity,
-    agent_summary,
-    serialized_summary,
-    session_entity,
-)
 from session_service.records import (
     Agent,
     AgentArchived,
@@ -37,6 +28,14 @@ from session_service.records import (
     SessionState,
     SessionStatus,
 )
+from session_service.storage.event_log import agent_entity, session_entity
+from session_service.storage.projections import (
+    AgentIndex,
+    SessionIndex,
+    agent_summary,
+    serialized_summary,
+)
+from session_service.storage.store import SessionStore
 
 
 class _SummaryFolds:
@@ -83,7 +82,7 @@ class _SummaryFolds:
 
 
 class Projection:
-    def __init__(self, store: LogStore, snapshot_every: int) -> None:
+    def __init__(self, store: SessionStore, snapshot_every: int) -> None:
         self.store = store
         #: A snapshot is written when an entity has this many events since its last one.
         self.snapshot_every = snapshot_every
@@ -116,13 +115,13 @@ class Projection:
             if snapshot and index.version - index.snapshot_version >= every:
                 self.snapshot_session(index.session_id)
                 index = replace(index, snapshot_version=index.version)
-            self.store.put_session_index(index)
+            self.store.projections.put_session_index(index)
         for agent in agents.values():
             agent = replace(agent, summary=folds.agent_summary(agent.name))
             if snapshot and agent.version - agent.snapshot_version >= every:
                 self.snapshot_agent(agent.name)
                 agent = replace(agent, snapshot_version=agent.version)
-            self.store.put_agent_index(agent)
+            self.store.projections.put_agent_index(agent)
         self.framework.project(events)  # hook (issue 23): see `framework_projection`
 
     def number_agent_events(self, events: Sequence[Event]) -> None:
@@ -133,17 +132,17 @@ class Projection:
             if event.session_id:
                 continue
             if event.agent not in versions:
-                index = self.store.agent_index(event.agent)
+                index = self.store.projections.agent_index(event.agent)
                 versions[event.agent] = (
                     index.version
                     if index is not None
-                    else self.store.highest_version(agent_entity(event.agent))
+                    else self.store.markers.highest_version(agent_entity(event.agent))
                 )
             versions[event.agent] += 1
             event.agent_version = versions[event.agent]
 
     def _project_agent(self, event: Event, agents: dict[str, AgentIndex]) -> None:
-        current = agents.get(event.agent) or self.store.agent_index(event.agent)
+        current = agents.get(event.agent) or self.store.projections.agent_index(event.agent)
         counted = 1 if current is None else current.version + 1  # events from before versions
         agents[event.agent] = AgentIndex(
             name=event.agent,
@@ -171,14 +170,16 @@ class Projection:
                 summary=b"",  # a new session's summary starts empty
             )
             if opened.routing_key:
-                self.store.set_route(event.agent, opened.routing_key, event.session_id)
+                self.store.projections.set_route(event.agent, opened.routing_key, event.session_id)
             lineage = opened.lineage
             if lineage is not None and lineage.shares_parent_history:
-                self.store.add_lineage(
+                self.store.projections.add_lineage(
                     event.session_id, lineage.parent_session_id, lineage.forked_at_sequence
                 )
             return
-        current = sessions.get(event.session_id) or self.store.session_index(event.session_id)
+        current = sessions.get(event.session_id) or self.store.projections.session_index(
+            event.session_id
+        )
         assert current is not None, f"event {event.sequence} for an unknown session"
         changed = replace(current, last_seq=event.sequence, version=event.session_version)
         if isinstance(body, ResumeMarked):
@@ -186,25 +187,27 @@ class Projection:
         elif isinstance(body, SessionEnded):
             changed = replace(changed, status=SessionStatus.ENDED)
             if current.routing_key:
-                self.store.drop_route(event.agent, current.routing_key, event.session_id)
+                self.store.projections.drop_route(
+                    event.agent, current.routing_key, event.session_id
+                )
         sessions[event.session_id] = changed
 
     def snapshot_session(self, session_id: str) -> int:
-        state = self.store.session_state(session_id)
+        state = self.store.states.session_state(session_id)
         assert state is not None and state.session is not None
         sequence = state.session.last_sequence
-        self.store.save_snapshot(session_entity(session_id), sequence, state)
+        self.store.snapshots.save_snapshot(session_entity(session_id), sequence, state)
         return sequence
 
     def snapshot_agent(self, name: str) -> None:
-        agent = self.store.agent_state(name)
+        agent = self.store.states.agent_state(name)
         assert agent is not None
-        self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent)
+        self.store.snapshots.save_snapshot(agent_entity(name), agent.last_sequence, agent)
 
     def refresh_sessions(self, states: dict[str, SessionState | None]) -> None:
         """Rewrites the rows of sessions whose active events a rewind or checkout
         changed, from their whole states (None: the session no longer exists)."""
-        self.store.drop_routes_to(states)
+        self.store.projections.drop_routes_to(states)
         # Parents before their forks: a fork's lineage copies its parent's.
         order = sorted(
             states.items(),
@@ -212,14 +215,16 @@ class Projection:
         )
         for session_id, state in order:
             if state is None:
-                self.store.delete_session_index(session_id)  # created after the cut
+                self.store.projections.delete_session_index(session_id)  # created after the cut
                 continue
             session = state.session
             assert session is not None
             # The state is at hand, and the index says it is snapshotted: without the
             # snapshot, reads after many rewinds would replay the whole active log.
-            self.store.save_snapshot(session_entity(session_id), session.last_sequence, state)
-            self.store.put_session_index(
+            self.store.snapshots.save_snapshot(
+                session_entity(session_id), session.last_sequence, state
+            )
+            self.store.projections.put_session_index(
                 SessionIndex(
                     session_id=session_id,
                     agent=session.agent,
@@ -235,20 +240,20 @@ class Projection:
                 )
             )
             if session.routing_key and session.status == SessionStatus.OPEN:
-                self.store.set_route(session.agent, session.routing_key, session_id)
+                self.store.projections.set_route(session.agent, session.routing_key, session_id)
             lineage = session.lineage
             if lineage is not None and lineage.shares_parent_history:  # a fork a checkout restored
-                self.store.add_lineage(
+                self.store.projections.add_lineage(
                     session_id, lineage.parent_session_id, lineage.forked_at_sequence
                 )
 
     def refresh_agent(self, name: str, agent: Agent | None) -> None:
         """Rewrites an agent's row from its whole state (None: it no longer exists)."""
         if agent is None:
-            self.store.delete_agent_index(name)  # created after the cut
+            self.store.projections.delete_agent_index(name)  # created after the cut
             return
-        self.store.save_snapshot(agent_entity(name), agent.last_sequence, agent)
-        self.store.put_agent_index(
+        self.store.snapshots.save_snapshot(agent_entity(name), agent.last_sequence, agent)
+        self.store.projections.put_agent_index(
             AgentIndex(
                 name=name,
                 archived=agent.archived,

@@ -31,7 +31,7 @@ def verify(core: Core) -> int:
     """
     store = core.store
     with store.database.connection_context():
-        head, newest = store.head(), store.max_logged_seq()
+        head, newest = store.log.head(), store.log.max_logged_seq()
     if head != newest:
         raise LogCorrupt(
             f"the log head says {head} but the newest event is {newest}: "
@@ -47,18 +47,20 @@ def fill_summaries(core: Core, batch: int = 500) -> int:
     Until then reads fold such a row whole, so serving can start at once; after it every
     row is current, since `Projection.project` folds summaries on with each event."""
     store = core.store
-    agents, session_ids = core.runner.submit_read(store.unsummarized, consistent=True).result()
+    agents, session_ids = core.runner.submit_read(
+        store.projections.unsummarized, consistent=True
+    ).result()
     for start in range(0, max(len(agents), len(session_ids)), batch):
 
         def op(_now: float, start: int = start) -> None:
             for name in agents[start : start + batch]:
-                index = store.agent_index(name)
+                index = store.projections.agent_index(name)
                 if index is not None:  # None: gone meanwhile (a rewind undid it)
-                    store.put_agent_index(replace(index, summary=None))  # None: folded
+                    store.projections.put_agent_index(replace(index, summary=None))  # None: folded
             for session_id in session_ids[start : start + batch]:
-                found = store.session_index(session_id)
+                found = store.projections.session_index(session_id)
                 if found is not None:
-                    store.put_session_index(replace(found, summary=None))
+                    store.projections.put_session_index(replace(found, summary=None))
 
         core.runner.submit_write(op).result()
     return len(agents) + len(session_ids)
@@ -73,13 +75,13 @@ def rebuild(core: Core, progress: Callable[[int, int], None] | None = None) -> R
     report = RebuildReport()
 
     def op(_now: float) -> RebuildReport:
-        total = store.replayable_event_count()
+        total = store.log.replayable_event_count()
         framework = core.projection.framework  # hook (issue 23): its read models too
-        before = {**store.projection_rows(), **framework.rows()}
-        store.clear_projections()
+        before = {**store.projections.projection_rows(), **framework.rows()}
+        store.projections.clear_projections()
         framework.clear()
         batch: list[Event] = []
-        for event in store.active_events():
+        for event in store.log.active_events():
             batch.append(event)
             if len(batch) == 1000:
                 core.projection.project(batch)
@@ -91,7 +93,7 @@ def rebuild(core: Core, progress: Callable[[int, int], None] | None = None) -> R
         report.events += len(batch)
         if progress is not None:
             progress(report.events, total)
-        after = {**store.projection_rows(), **framework.rows()}
+        after = {**store.projections.projection_rows(), **framework.rows()}
         for name in before:
             report.differences[name] = len(before[name] ^ after[name])
         return report

@@ -8,6 +8,8 @@ later events", so a snapshot is only ever a cache of this fold.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from session_service import convert
 from session_service.records import (
@@ -50,6 +52,23 @@ from session_service.records import (
 UPDATABLE_AGENT_FIELDS = (
     "display_name", "permissions", "workspace_root", "peers", "settings", "parent",
 )  # fmt: skip
+
+
+S = TypeVar("S", Agent, SessionState)
+
+
+def fold(
+    kind: type[S], state: S | None, events: Sequence[Event], apply: Callable[[S, Event], None]
+) -> S | None:
+    """`state` (a snapshot's, or None) with `events` applied in order: a fresh state
+    when there is no snapshot, None when there is neither snapshot nor event."""
+    if state is None:
+        if not events:
+            return None
+        state = kind()
+    for event in events:
+        apply(state, event)
+    return state
 
 
 def apply_to_agent(agent: Agent, event: Event) -> None:

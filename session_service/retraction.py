@@ -86,7 +86,7 @@ class Retraction:
         return result
 
     def _newest(self, session_id: str, count: int, shared: bool) -> list[Event]:
-        events, more = self.store.history(
+        events, more = self.store.history.history(
             session_id, 0, None, count, True, False, pagination.MAX_ANSWER_BYTES, shared
         )
         if len(events) < count and more:

@@ -20,9 +20,9 @@ from session_service import pii
 from session_service.agents import Agents
 from session_service.checks import agent_name, checked_session_id
 from session_service.core import Core
-from session_service.log_store import SessionIndex
 from session_service.records import Event, Session, StateChanged, StateScope
-from session_service.state_store import (
+from session_service.storage.projections import SessionIndex
+from session_service.storage.state_store import (
     StateStore,
     agent_owner,
     owner_of,

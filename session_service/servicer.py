@@ -12,20 +12,14 @@ from typing import Any
 from google.protobuf.message import Message as ProtoMessage
 
 from session_service import checks, convert, records
-from session_service.agents import Agents
-from session_service.audit import Audit
-from session_service.continuity import Continuity, post_mark
-from session_service.conversations import Conversations
-from session_service.core import Core
-from session_service.erasure import Erasures, RecordSelection
-from session_service.log_reads import LogQuery, LogReads
-from session_service.multi_agent import MultiAgent
-from session_service.records_store import RecordQuery
-from session_service.retraction import Retraction
-from session_service.scoped_state import ScopedState, ScopedView
-from session_service.session_reads import SessionReads
-from session_service.stored_records import ListRequest, StoredRecords
-from session_service.time_travel import Move, TimeTravel
+from session_service.composition import Parts
+from session_service.continuity import post_mark
+from session_service.erasure import RecordSelection
+from session_service.log_reads import LogQuery
+from session_service.scoped_state import ScopedView
+from session_service.storage.records_store import RecordQuery
+from session_service.stored_records import ListRequest
+from session_service.time_travel import Move
 from switchboard import auth, validation
 from switchboard.idempotency import RequestStore
 from switchboard.mutations import Mutations
@@ -216,21 +210,21 @@ def _move_fields(move: Move) -> dict[str, Any]:
 
 
 class SessionServicer(pb_grpc.SessionServiceServicer):
-    def __init__(self, core: Core, requests: RequestStore) -> None:
-        """Composes the core's parts; each takes only the parts it uses."""
+    def __init__(self, parts: Parts, requests: RequestStore) -> None:
+        """Serves the rules `composition.build_parts` made."""
         self.requests = requests
-        self.agents = Agents(core)
-        self.conversations = Conversations(core, self.agents)
-        self.reads = SessionReads(core)
-        self.time_travel = TimeTravel(core)
-        self.multi_agent = MultiAgent(core, self.agents, self.conversations)
-        self.continuity = Continuity(core, self.agents, self.conversations)
-        self.log_reads = LogReads(core)
-        self.audit = Audit(core)
-        self.retraction = Retraction(core)
-        self.scoped_state = ScopedState(core, self.agents)
-        self.stored_records = StoredRecords(core)
-        self.erasures = Erasures(core)
+        self.agents = parts.agents
+        self.conversations = parts.conversations
+        self.reads = parts.reads
+        self.time_travel = parts.time_travel
+        self.multi_agent = parts.multi_agent
+        self.continuity = parts.continuity
+        self.log_reads = parts.log_reads
+        self.audit = parts.audit
+        self.retraction = parts.retraction
+        self.scoped_state = parts.scoped_state
+        self.stored_records = parts.stored_records
+        self.erasures = parts.erasures
         self._watched = _Converted()
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=_agent(agent)))

@@ -9,7 +9,6 @@ from dataclasses import replace
 from session_service import storage_format
 from session_service.checks import agent_name, checked_session_id
 from session_service.core import Core
-from session_service.log_store import AgentIndex
 from session_service.records import (
     Agent,
     AgentSettings,
@@ -21,6 +20,7 @@ from session_service.records import (
     SessionStatus,
 )
 from session_service.scoped_state import ScopedView, view
+from session_service.storage.projections import AgentIndex
 from switchboard import pagination, validation
 from switchboard.errors import InvalidArgument, NotFound, OutOfRange
 
@@ -95,14 +95,14 @@ class SessionReads:
         before = position[0] if position else None
 
         def op() -> tuple[list[Session], str]:
-            found = self.store.agent_index(agent) if agent else None
+            found = self.store.projections.agent_index(agent) if agent else None
             if agent and found is None:
                 raise NotFound("AGENT_NOT_FOUND", f"agent {agent!r} does not exist")
             stored_user = user_id
             if user_id and found is not None:  # hook (issue 23): stored as the agent stores it
                 redactor = self.core.redactor_for(self._settings(found))
                 stored_user = redactor.user(user_id) if redactor else user_id
-            rows = self.store.list_sessions(
+            rows = self.store.projections.list_sessions(
                 agent, status, transport, before, size + 1, routing_key, stored_user
             )
             more = len(rows) > size
@@ -117,7 +117,7 @@ class SessionReads:
     def _settings(self, index: AgentIndex) -> AgentSettings | None:
         if index.summary is not None:
             return storage_format.decode_agent_summary(index.summary).settings
-        agent = self.store.agent_state(index.name)
+        agent = self.store.states.agent_state(index.name)
         return None if agent is None else agent.settings
 
     async def history(
@@ -147,7 +147,7 @@ class SessionReads:
             index = self.core.session_of(agent, session_id)
             lineage = self.core.summary(session_id, index).lineage
             shared = lineage is not None and lineage.shares_parent_history
-            events, more = self.store.history(
+            events, more = self.store.history.history(
                 session_id,
                 after,
                 before or None,
@@ -158,7 +158,7 @@ class SessionReads:
                 shared,
             )
             abandoned = (
-                self.store.abandoned_among([e.sequence for e in events])
+                self.store.log.abandoned_among([e.sequence for e in events])
                 if include_abandoned
                 else set()
             )
@@ -192,8 +192,8 @@ class SessionReads:
             self.core.session_of(agent, session_id)
             if until is not None:
                 self._check_retained(until)
-            state = self.store.session_state(session_id, until)
-            owner = self.store.agent_state(agent, until)
+            state = self.store.states.session_state(session_id, until)
+            owner = self.store.states.agent_state(agent, until)
             if state is None or state.session is None or owner is None:
                 raise NotFound(
                     "SESSION_NOT_FOUND",
@@ -207,12 +207,12 @@ class SessionReads:
         return await self.runner.read(op, consistent=True)
 
     def _check_retained(self, sequence: int) -> None:
-        head = self.store.head()
+        head = self.store.log.head()
         if sequence > head:
             raise OutOfRange(
                 "SEQUENCE_AHEAD_OF_LOG", f"sequence {sequence} is past the log head {head}"
             )
-        retained = self.store.retained_from()
+        retained = self.store.markers.retained_from()
         if sequence < retained:
             raise OutOfRange(
                 "REWIND_BEYOND_RETENTION",
@@ -226,10 +226,10 @@ class SessionReads:
         def op(_now: float) -> int:
             index = self.core.session_of(agent, session_id)
             self.core.projection.snapshot_agent(agent)
-            self.store.put_session_index(replace(index, snapshot_version=index.version))
+            self.store.projections.put_session_index(replace(index, snapshot_version=index.version))
             return self.core.projection.snapshot_session(session_id)
 
-        result: int = await self.runner.write(op)
+        result: int = await self.core.write(op)
         return result
 
     def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[Event]:

@@ -16,8 +16,8 @@ from typing import Any
 from session_service.checks import agent_name, checked_session_id
 from session_service.core import Core
 from session_service.records import Event, RecordsPut, StoredRecord
-from session_service.records_store import IndexedRecord, RecordQuery
 from session_service.scoped_state import refuse_stale
+from session_service.storage.records_store import IndexedRecord, RecordQuery
 from switchboard import pagination, validation
 from switchboard.errors import FailedPrecondition, InvalidArgument, NotFound
 
@@ -301,7 +301,7 @@ class StoredRecords:
     def _check_owner(self, query: RecordQuery) -> None:
         if query.session_id:
             self.core.session_of(query.agent, query.session_id)
-        elif self.core.store.agent_index(query.agent) is None:
+        elif self.core.store.projections.agent_index(query.agent) is None:
             raise NotFound("AGENT_NOT_FOUND", f"agent {query.agent!r} does not exist")
 
     def _before(self, query: RecordQuery, before_key: str) -> tuple[int, int] | None:

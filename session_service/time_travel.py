@@ -17,11 +17,8 @@ from dataclasses import dataclass, replace
 
 from session_service import replay
 from session_service.core import Core
-from session_service.log_store import (
-    agent_entity,
-    session_entity,
-)
 from session_service.records import Agent, Checkpoint, Event, RewindApplied, Rewound, SessionState
+from session_service.storage.event_log import agent_entity, session_entity
 from session_service.timeline import Changes, Timeline, changes
 from switchboard.errors import (
     AlreadyExists,
@@ -128,12 +125,12 @@ class TimeTravel:
         _checked_label("label", label)
 
         def op(now: float) -> Checkpoint:
-            head = self.store.head()
-            if not self.store.add_checkpoint(label, head, now):
+            head = self.store.log.head()
+            if not self.store.markers.add_checkpoint(label, head, now):
                 raise AlreadyExists("CHECKPOINT_EXISTS", f"checkpoint {label!r} exists already")
             return checkpoint_of(label, head, now)
 
-        result: Checkpoint = await self.core.runner.write(op)
+        result: Checkpoint = await self.core.write(op)
         return result
 
     # -- moving the log ---------------------------------------------------------------------
@@ -175,29 +172,29 @@ class TimeTravel:
     def _rewind_plan(self, sequence: int | None, checkpoint: str) -> tuple[int, Changes]:
         target = sequence
         if target is None:
-            found = self.store.checkpoint(checkpoint)
+            found = self.store.markers.checkpoint(checkpoint)
             if found is None:
                 raise NotFound("CHECKPOINT_NOT_FOUND", f"checkpoint {checkpoint!r} does not exist")
             target = found[1]
         self._check_reachable(target)
         target = self._outside_tool_cycles(target)
-        if not self.store.is_active(target):
+        if not self.store.log.is_active(target):
             raise FailedPrecondition(
                 "REWIND_INTO_ABANDONED",
                 f"sequence {target} lies on an abandoned branch; Checkout can go there",
             )
         # The target is active, so no active record after it reaches below it: the
         # log up to the target stays as it is, and only what follows is abandoned.
-        return target, Changes(abandoned=((target + 1, self.store.head()),))
+        return target, Changes(abandoned=((target + 1, self.store.log.head()),))
 
     def _checkout_plan(self, sequence: int) -> tuple[int, Changes]:
         self._check_reachable(sequence)
         # Onto an abandoned branch, earlier rewinds may count for nothing any more:
         # the whole timeline before and after (arithmetic in memory), then only the
         # ranges whose status differs are read and written.
-        records = self.store.rewind_records()
+        records = self.store.markers.rewind_records()
         before = Timeline.from_records(records)
-        after = Timeline.from_records([*records, (self.store.head() + 1, sequence)])
+        after = Timeline.from_records([*records, (self.store.log.head() + 1, sequence)])
         return sequence, changes(before, after)
 
     async def _run(
@@ -227,12 +224,12 @@ class TimeTravel:
         return _answer(target, effects, record=logged)
 
     def _check_reachable(self, target: int) -> None:
-        head = self.store.head()
+        head = self.store.log.head()
         if target > head:
             raise OutOfRange(
                 "SEQUENCE_AHEAD_OF_LOG", f"sequence {target} is past the log head {head}"
             )
-        retained = self.store.retained_from()
+        retained = self.store.markers.retained_from()
         if target < retained:
             raise OutOfRange(
                 "REWIND_BEYOND_RETENTION",
@@ -244,8 +241,8 @@ class TimeTravel:
         move it back to just before the message that requested the call."""
         while True:
             starts = [
-                self.store.earliest_request(session_id, call_ids, target)
-                for session_id, call_ids in self.store.tool_results_after(target).items()
+                self.store.markers.earliest_request(session_id, call_ids, target)
+                for session_id, call_ids in self.store.markers.tool_results_after(target).items()
             ]
             earliest = min((start for start in starts if start is not None), default=None)
             if earliest is None:
@@ -260,7 +257,9 @@ class TimeTravel:
             for first, last in ranges:
                 if first > last:
                     continue
-                for agent, session_id, count in self.store.move_effect(first, last, now_active):
+                for agent, session_id, count in self.store.markers.move_effect(
+                    first, last, now_active
+                ):
                     effect = found.get((agent, session_id), EntityEffect(agent, session_id))
                     found[(agent, session_id)] = effect.adding(count, restored=not now_active)
         return [found[key] for key in sorted(found)]
@@ -268,17 +267,17 @@ class TimeTravel:
     def _move(
         self, now: float, rewound: Rewound, planned: Changes, effects: list[EntityEffect]
     ) -> Event:
-        [logged] = self.store.append([Event(body=rewound)], now)
-        self.store.add_rewind(logged.sequence, rewound.to_sequence)
+        [logged] = self.core.record(now, [Event(body=rewound)])
+        self.store.markers.add_rewind(logged.sequence, rewound.to_sequence)
         for first, last in planned.abandoned:
-            self.store.mark(first, last, active=False)
+            self.store.markers.mark(first, last, active=False)
         for first, last in planned.restored:
-            self.store.mark(first, last, active=True)
+            self.store.markers.mark(first, last, active=True)
         # Only agents and sessions with events whose status changed have another state.
         sessions = sorted({e.session_id for e in effects if e.session_id})
         agents = sorted({e.agent for e in effects if not e.session_id})
-        session_states = {sid: self.store.session_state(sid) for sid in sessions}
-        agent_states = {name: self.store.agent_state(name) for name in agents}
+        session_states = {sid: self.store.states.session_state(sid) for sid in sessions}
+        agent_states = {name: self.store.states.agent_state(name) for name in agents}
         self._move_versions_forward(now, logged.sequence, session_states, agent_states)
         self.projection.refresh_sessions(session_states)
         for name, agent in agent_states.items():
@@ -303,7 +302,7 @@ class TimeTravel:
             Event(
                 agent=state.session.agent,
                 session_id=session_id,
-                session_version=self.store.highest_version(session_entity(session_id)) + 1,
+                session_version=self.store.markers.highest_version(session_entity(session_id)) + 1,
                 body=applied,
             )
             for session_id, state in session_states.items()
@@ -312,7 +311,7 @@ class TimeTravel:
         events += [
             Event(
                 agent=name,
-                agent_version=self.store.highest_version(agent_entity(name)) + 1,
+                agent_version=self.store.markers.highest_version(agent_entity(name)) + 1,
                 body=applied,
             )
             for name, agent in agent_states.items()
@@ -320,7 +319,7 @@ class TimeTravel:
         ]
         if not events:
             return
-        for event in self.store.append(events, now):
+        for event in self.core.record(now, events):
             if event.session_id:
                 state = session_states[event.session_id]
                 assert state is not None
@@ -342,7 +341,7 @@ class TimeTravel:
 
         def op(_now: float) -> tuple[int, int]:
             self._check_reachable(below)
-            blocking = self.store.entities_needing_events_below(below)
+            blocking = self.store.markers.entities_needing_events_below(below)
             # Hook (issue 23): stored records keep their payloads in the log rows.
             blocking += self.projection.framework.truncating(below)
             if blocking:
@@ -353,8 +352,8 @@ class TimeTravel:
                     "first or truncate lower",
                 )
             self.projection.framework.keep_state_below(below)  # hook (issue 23)
-            deleted = self.store.truncate_below(below)
+            deleted = self.store.markers.truncate_below(below)
             return below, deleted
 
-        result: tuple[int, int] = await self.core.runner.write(op)
+        result: tuple[int, int] = await self.core.write(op)
         return result

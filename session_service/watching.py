@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from session_service import convert
-from session_service.log_store import LOG_CHANNEL, LogStore
 from session_service.records import Event
+from session_service.storage.event_log import LOG_CHANNEL
+from session_service.storage.kinds import REWOUND
+from session_service.storage.store import SessionStore
 from switchboard.errors import Aborted, DomainError, ResourceExhausted
 from switchboard.runner import TransactionRunner
 
@@ -70,7 +72,7 @@ class _Watcher:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def wants(self, event: Event, kind: str | None) -> bool:
-        if kind == "rewound":
+        if kind == REWOUND:
             return True  # a rewind concerns every watcher, as in the stored reads
         return (not self.agent or event.agent == self.agent) and (
             not self.session_id or event.session_id == self.session_id
@@ -111,7 +113,7 @@ class Watching:
     def __init__(
         self,
         runner: TransactionRunner,
-        store: LogStore,
+        store: SessionStore,
         limits: WatchLimits,
         watchable: Callable[[str, str], None],
     ) -> None:
@@ -186,7 +188,7 @@ class Watching:
         while watcher.sent < watcher.live_after:
             until = watcher.live_after
             read = partial(
-                self.store.read_page, watcher.sent, until, limits.page_events,
+                self.store.log.read_page, watcher.sent, until, limits.page_events,
                 limits.page_bytes, watcher.agent, watcher.session_id,
             )  # fmt: skip
             page, more = await self.runner.read(read)
@@ -237,7 +239,7 @@ class Watching:
             if self._head is None:
                 loop = asyncio.get_running_loop()
                 self._wake = asyncio.Event()
-                self._head = await self.runner.read(self.store.head)
+                self._head = await self.runner.read(self.store.log.head)
                 self._listen(loop)
                 # In a context of its own: the tailer serves every watcher, so it must not
                 # carry the first caller's deadline (`CALL_DEADLINE`), principal or request
@@ -266,7 +268,7 @@ class Watching:
         while more and self._watchers:
             assert self._head is not None
             read = partial(
-                self.store.read_page, self._head, None, limits.page_events, limits.page_bytes
+                self.store.log.read_page, self._head, None, limits.page_events, limits.page_bytes
             )
             try:
                 page, more = await self.runner.read(read)
@@ -287,7 +289,7 @@ class Watching:
             watcher.offer(event, size)
 
     def _candidates(self, event: Event, kind: str | None) -> Iterable[_Watcher]:
-        if kind == "rewound":
+        if kind == REWOUND:
             return list(self._watchers)
         found = list(self._everyone)
         found.extend(self._by_agent.get(event.agent, ()))

@@ -132,6 +132,11 @@ class Backend(Protocol):
         """SQL for a text column's length in bytes (SQLite's LENGTH counts characters)."""
         ...
 
+    def sql(self, text: str) -> str:
+        """`text`, a statement written with `?` placeholders, in this backend's
+        parameter style: the one place a statement's dialect is handled."""
+        ...
+
     @property
     def database(self) -> peewee.Database: ...
 
@@ -213,17 +218,3 @@ def tuples(query: Any) -> list[tuple[Any, ...]]:
 def dicts(query: Any) -> list[dict[str, Any]]:
     """A query's rows as dicts."""
     return list(query.dicts())
-
-
-def open_backend(settings: DatabaseSettings) -> Backend:
-    from switchboard.postgres_backend import PostgresBackend
-    from switchboard.sqlite_backend import SqliteBackend
-
-    url = settings.url
-    if url.startswith("sqlite:///"):
-        return SqliteBackend(url.removeprefix("sqlite:///") or ":memory:", settings)
-    if url.startswith(("postgresql://", "postgres://")):
-        return PostgresBackend(url, settings)
-    raise ValueError(
-        f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
-    )

@@ -145,7 +145,7 @@ class RequestStore:
         self.prune_interval_s = min(MAX_PRUNE_INTERVAL_S, window_s)
         self.Record = bind_model(RequestRecord, backend.database, table)
         self._database: Any = backend.database
-        sql = _Sql(self._database.param)
+        sql = backend.sql
         # One round trip before the op: take the id's lock and read its record. With
         # concurrent writers (Postgres), an attempt must not wait for another open
         # transaction working on the same id while it may hold locks an earlier op of
@@ -235,14 +235,6 @@ class RequestStore:
 
     def count(self) -> int:
         return int(self.Record.select().count())
-
-
-@dataclass(frozen=True)
-class _Sql:
-    param: str
-
-    def __call__(self, text: str) -> str:
-        return text.replace("?", self.param)
 
 
 @dataclass

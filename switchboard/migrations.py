@@ -101,8 +101,9 @@ class Schema:
     """What a migration function gets: the database, peewee's migrator and a few helpers.
     Everything it does runs inside the transaction holding the component's lock."""
 
-    def __init__(self, database: peewee.Database) -> None:
+    def __init__(self, database: peewee.Database, sql: Callable[[str], str]) -> None:
         self.database: Any = database
+        self._sql = sql  # `?` placeholders in the dialect (`Backend.sql`)
         self.migrator: SchemaMigrator = SchemaMigrator.from_database(database)
 
     def create_tables(self, *models: type[peewee.Model]) -> None:
@@ -121,7 +122,7 @@ class Schema:
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
         """Runs one statement, `?` placeholders."""
-        return self.database.execute_sql(sql.replace("?", self.database.param), params)
+        return self.database.execute_sql(self._sql(sql), params)
 
     def complete(self, *models: type[peewee.Model]) -> list[str]:
         """Adds the tables, columns and indexes of `models` the database lacks (never
@@ -263,7 +264,7 @@ def migrate(backend: Backend, component: Component) -> MigrationReport:
     database: Any = backend.database
     with database.connection_context(), backend.migration_lock(component.lock_key):
         # Under the lock: whoever held it before may have migrated already.
-        schema = Schema(database)
+        schema = Schema(database, backend.sql)
         history_model = _history_model(component, database)
         history = _history(component, database)
         version = _version(history)

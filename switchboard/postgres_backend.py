@@ -335,6 +335,9 @@ class PostgresBackend:
     def octet_length(self, column: Any) -> Any:
         return peewee.fn.OCTET_LENGTH(column)
 
+    def sql(self, text: str) -> str:
+        return text.replace("?", "%s")  # psycopg2's parameter style
+
     def __init__(self, url: str, settings: DatabaseSettings) -> None:
         parsed = urlparse(url)
         options: dict[str, Any] = {

@@ -154,7 +154,7 @@ class TransactionRunner:
         written_tables: Sequence[str] = (),
     ) -> None:
         """`begin_write` runs first in every write transaction: the place a service
-        takes the lock its version checks rely on (see `LogStore.lock_log`).
+        takes the lock its version checks rely on (see `EventLog.lock_log`).
         `written_tables`: the tables the service writes, whose locks `probe()` tries."""
         self.backend = backend
         self._begin_write = begin_write or (lambda: None)

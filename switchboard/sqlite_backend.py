@@ -59,6 +59,9 @@ class SqliteBackend:
     def octet_length(self, column: Any) -> Any:
         return peewee.fn.LENGTH(column.cast("BLOB"))
 
+    def sql(self, text: str) -> str:
+        return text  # sqlite3's parameter style is `?` already
+
     def __init__(self, path: str, settings: DatabaseSettings) -> None:
         self.path = path
         self.busy_timeout_ms = settings.busy_timeout_ms

@@ -21,7 +21,8 @@ import click
 import peewee
 
 from switchboard import migrations, secret_checks
-from switchboard.database import Backend, DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import Backend, DatabaseSettings
 
 Service = Literal["session", "delivery"]
 FILE_NAMES: dict[Service, str] = {"session": "session.sqlite3", "delivery": "delivery.sqlite3"}

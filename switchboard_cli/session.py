@@ -12,12 +12,12 @@ from rich.progress import Progress
 from switchboard_client import SessionClient
 
 from session_service import key_migration, recovery
-from session_service.core import Core, SessionLimits
-from session_service.log_store import LogStore
+from session_service.composition import build_core
 from session_service.migrations import SESSION_SCHEMA, injective_routing_keys
+from session_service.storage.store import SessionStore
 from switchboard import migrations
-from switchboard.database import DatabaseSettings, open_backend
-from switchboard.runner import TransactionRunner
+from switchboard.backends import open_backend
+from switchboard.database import DatabaseSettings
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard_cli import agent as agent_commands
 from switchboard_cli.databases import (
@@ -62,18 +62,16 @@ def rebuild(database_url: str | None, data_dir: DataDir | None, output: Output) 
         migrations.prepare(backend, SESSION_SCHEMA)
     except migrations.SchemaError as refused:
         raise click.ClickException(str(refused)) from refused
-    store = LogStore(backend)
-    runner = TransactionRunner(backend, settings, begin_write=store.lock_log)
+    core = build_core(backend, settings)
     try:
         # The progress bar is for people: scripts get the report alone.
         with Progress(disable=output == "json") as bar:
             task = bar.add_task("replaying the log", total=None)
             report = recovery.rebuild(
-                Core(runner, store, SessionLimits()),
-                lambda done, total: bar.update(task, completed=done, total=total),
+                core, lambda done, total: bar.update(task, completed=done, total=total)
             )
     finally:
-        runner.close()
+        core.runner.close()
     if output == "json":
         found = {"events": report.events, "differences": report.differences}
         print_json_lines([{**found, "repaired": report.differed}])
@@ -112,7 +110,7 @@ def key_report(
                 f"(and the report written) by migration {upgrade}; run `switchboard db "
                 "migrate session` or start the service first"
             )
-        found = key_migration.reported(LogStore(backend))
+        found = key_migration.reported(SessionStore(backend))
     shown = [f for f in found if show_all or f.finding != key_migration.AMBIGUOUS]
     if output == "json":
         print_json_lines(dataclasses.asdict(row) for row in shown)

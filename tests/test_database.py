@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from switchboard.database import DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import DatabaseSettings
 from switchboard.errors import FailedPrecondition
 from switchboard.runner import TransactionRunner
 

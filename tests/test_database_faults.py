@@ -254,7 +254,8 @@ def test_operations_run_in_the_submitting_calls_context(tmp_path: Any) -> None:
     """Per-call context (request ids, deadlines) set before submitting is visible inside."""
     from contextvars import ContextVar
 
-    from switchboard.database import DatabaseSettings, open_backend
+    from switchboard.backends import open_backend
+    from switchboard.database import DatabaseSettings
     from switchboard.runner import TransactionRunner
 
     request_id: ContextVar[str] = ContextVar("request_id", default="")

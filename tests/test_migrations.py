@@ -27,14 +27,15 @@ from delivery_service.migrations import DELIVERY_SCHEMA
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
 from session_service.app import SessionUnit
-from session_service.erasure_store import ErasureStore
 from session_service.framework_projection import FrameworkProjection
-from session_service.log_store import LogStore
 from session_service.migrations import BASELINE_MODELS as SESSION_BASELINE
 from session_service.migrations import SESSION_SCHEMA
 from session_service.pii import Redactor
+from session_service.storage.erasure_store import ErasureStore
+from session_service.storage.store import SessionStore
 from switchboard import migrations
-from switchboard.database import Backend, DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import Backend, DatabaseSettings
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
 from switchboard.session.v1 import session_service_pb2 as spb
 from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
@@ -58,7 +59,7 @@ def _store_models(backend: Backend, component: migrations.Component) -> list[Any
     if component is SESSION_SCHEMA:
         erasure = ErasureStore(backend, Redactor())
         framework = FrameworkProjection(backend).models + erasure.models
-        return [*LogStore(backend).models, *framework]
+        return [*SessionStore(backend).models, *framework]
     store = LedgerStore(backend, LedgerLimits())
     return [store.Instance, store.Obligation]
 
@@ -72,14 +73,14 @@ def _execute(backend: Backend, sql: str) -> None:
 def _pre_versioning_schema(backend: Backend) -> None:
     """What the release before versioning did at start (`create_schema`, 360f72e)."""
     database: Any = backend.database
-    store = LogStore(backend)
+    store = SessionStore(backend)
     with database.connection_context():
         # The store's tables as that release had them (the store's models now carry
         # later migrations' columns): the frozen baseline models.
         with database.bind_ctx(SESSION_BASELINE):
             database.create_tables(SESSION_BASELINE, safe=True)
-        store.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
-        store.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
+        store.tables.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
+        store.tables.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
         # The ledger's tables as that release had them: the frozen baseline models.
         with database.bind_ctx(DELIVERY_BASELINE):
             database.create_tables(DELIVERY_BASELINE, safe=True)
@@ -352,7 +353,7 @@ def test_the_release_fixture_migrates_and_reads_back_as_the_old_code_saw_it(
     assert _history(delivery_backend, DELIVERY_SCHEMA) == _adopted(DELIVERY_SCHEMA)
     database: Any = session_backend.database
     with database.connection_context():
-        diff = diff_models(database, LogStore(session_backend).models)
+        diff = diff_models(database, SessionStore(session_backend).models)
     assert not diff, str(diff)
 
 

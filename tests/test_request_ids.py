@@ -21,7 +21,8 @@ from delivery_service.state_machine import LedgerLimits
 from session_service.core import SessionLimits
 from switchboard import migrations
 from switchboard.auth import parse_tokens
-from switchboard.database import DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import DatabaseSettings
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.errors import NotFound
 from switchboard.idempotency import (

@@ -26,10 +26,11 @@ from playhouse.migrate import SchemaMigrator, migrate
 
 from delivery_service.migrations import BASELINE_MODELS as DELIVERY_BASELINE
 from delivery_service.migrations import DELIVERY_SCHEMA
-from session_service.log_store import LogStore
 from session_service.migrations import BASELINE_MODELS as SESSION_BASELINE
 from session_service.migrations import SESSION_SCHEMA
-from switchboard.database import DatabaseSettings, open_backend
+from session_service.storage.store import SessionStore
+from switchboard.backends import open_backend
+from switchboard.database import DatabaseSettings
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
 from switchboard.session.v1 import session_service_pb2 as spb
@@ -69,13 +70,13 @@ def _make_pre_versioning(session_url: str, delivery_url: str) -> None:
     session = open_backend(DatabaseSettings(url=session_url))
     database: Any = session.database
     with database.connection_context():
-        store = LogStore(session)
+        store = SessionStore(session)
         # The store's tables as that release had them: the frozen baseline models
         # (the store's models now carry later migrations' columns).
         with database.bind_ctx(SESSION_BASELINE):
             database.create_tables(SESSION_BASELINE, safe=True)
-        store.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
-        store.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
+        store.tables.Head.insert(id=1, seq=0).on_conflict_ignore().execute()
+        store.tables.Retention.insert(id=1, retained_from=0).on_conflict_ignore().execute()
         drop = SchemaMigrator.from_database(database).drop_column
         migrate(drop("session_session", "resume_pending"))
     database.close()

@@ -23,7 +23,7 @@ import pytest
 from delivery_service.records import NewObligation
 from session_service import convert, records, recovery, replay
 from session_service.app import SessionUnit
-from session_service.log_store import session_entity
+from session_service.storage.event_log import session_entity
 from switchboard.database import DatabaseSettings
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
@@ -249,9 +249,9 @@ def _check_replay(url: str, address: str, sessions: set[str]) -> None:
             for session_id in sorted(sessions):
                 with unit.store.database.connection_context():
                     replayed = records.SessionState()
-                    for event in unit.store.entity_events(session_entity(session_id), 0):
+                    for event in unit.store.log.entity_events(session_entity(session_id), 0):
                         replay.apply_to_session(replayed, event)
-                    cached = unit.store.session_state(session_id)
+                    cached = unit.store.states.session_state(session_id)
                 assert cached == replayed, f"snapshot + tail of {session_id} differs from a replay"
                 served = stub.GetSessionState(
                     spb.GetSessionStateRequest(agent="main", session_id=session_id),

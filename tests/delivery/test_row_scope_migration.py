@@ -11,7 +11,8 @@ import pytest
 
 from delivery_service.migrations import DELIVERY_SCHEMA, MIGRATIONS, InstanceV1, ObligationV1
 from switchboard import migrations
-from switchboard.database import Backend, DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import Backend, DatabaseSettings
 from tests.test_migrations import _drop_row_scope, _drop_sealed_targets
 
 #: session key, owner instance → the (agent, gateway_name) migration 4 gives the row.

@@ -694,7 +694,7 @@ def rows(service: InProcessSession) -> Rows:
     """Every row of every session table (the log head among them)."""
     store = service.unit.store
     with store.database.connection_context():
-        head = store.head()
+        head = store.log.head()
         dumped = {
             table: sorted(
                 (

@@ -266,7 +266,7 @@ INVALID: dict[str, tuple[Call, str]] = {
 def _head(service: InProcessSession) -> int:
     store = service.unit.store
     with store.database.connection_context():
-        return store.head()
+        return store.log.head()
 
 
 @pytest.mark.parametrize("case", sorted(INVALID))

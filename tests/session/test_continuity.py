@@ -248,11 +248,13 @@ def test_the_holder_survives_a_restart_snapshots_and_a_rebuild(
         assert [(s.session_id, s.resume_holder) for s in listed] == [(session_id, holder)]
         store: Any = after.unit.store
         with store.database.connection_context():
-            snapshot = store.latest_snapshot(f"session:{session_id}", records.SessionState)
+            snapshot = store.snapshots.latest_snapshot(
+                f"session:{session_id}", records.SessionState
+            )
             assert snapshot is not None
             assert snapshot[1].session is not None
             assert snapshot[1].session.resume_holder == holder
-            store.delete_snapshots()
+            store.snapshots.delete_snapshots()
         report = recovery.rebuild(after.unit.core)
         assert not report.differed, report.differences
         assert _get(after.stub, session_id) == marked, "a replay of the log says the same"
@@ -288,7 +290,7 @@ def test_listing_resumable_sessions_writes_nothing(service: InProcessSession) ->
 def _log_head(service: InProcessSession) -> int:
     store: Any = service.unit.store
     with store.database.connection_context():
-        return int(store.head())
+        return int(store.log.head())
 
 
 def test_expiring_is_a_write_with_a_request_id(service: InProcessSession) -> None:

@@ -57,7 +57,7 @@ def _all_history_pages(
 def _head(service: InProcessSession) -> int:
     store: Any = service.unit.store
     with store.database.connection_context():
-        return int(store.head())
+        return int(store.log.head())
 
 
 # -- GetHistory ---------------------------------------------------------------------------
@@ -130,14 +130,14 @@ def test_history_is_sized_before_it_is_read(service: InProcessSession) -> None:
         append(service.stub, session_id, user_message(f"{n:02d}" + "x" * BIG))
     store: Any = service.unit.store
     loaded: list[int] = []
-    original = store._payloads
+    original = store.log.payloads
 
     def counted(sql: str, params: Any) -> Any:
         events = original(sql, params)
         loaded.append(len(events))
         return events
 
-    store._payloads = counted
+    store.log.payloads = counted
     try:
         pages: list[pb.GetHistoryResponse] = []
         token = ""
@@ -152,7 +152,7 @@ def test_history_is_sized_before_it_is_read(service: InProcessSession) -> None:
             if not token:
                 break
     finally:
-        store._payloads = original
+        store.log.payloads = original
     assert all(page.ByteSize() <= pagination.MAX_ANSWER_BYTES for page in pages)
     returned = [len(page.messages) for page in pages]
     assert len(pages) > 1 and sum(returned) == 20

@@ -235,10 +235,10 @@ def test_the_database_refuses_a_second_active_post_of_a_message_ref(
     )
     with store.database.connection_context():
         with pytest.raises(peewee.IntegrityError), store.database.atomic():
-            store.database.execute_sql(store._sql(copy), [True, "m-1"])
+            store.database.execute_sql(store.tables.sql(copy), [True, "m-1"])
         # An abandoned copy is no second acceptance.
         with store.database.atomic():
-            store.database.execute_sql(store._sql(copy), [False, "m-1"])
+            store.database.execute_sql(store.tables.sql(copy), [False, "m-1"])
 
 
 @pytest.fixture

@@ -349,7 +349,7 @@ def test_naming_another_agent_as_the_sender_is_refused_and_writes_nothing(
     service, own, delegated = peers
     store = service.unit.store
     with store.database.connection_context():
-        head = store.head()
+        head = store.log.head()
     fields.setdefault("source", pb.Source(transport="peer", conversation_id="c:ctx"))
     with pytest.raises(grpc.RpcError) as refused:
         _send(service, own, **fields)
@@ -357,7 +357,7 @@ def test_naming_another_agent_as_the_sender_is_refused_and_writes_nothing(
     assert error_reason(refused.value) == "PEER_SENDER_MISMATCH"
     assert field in (refused.value.details() or "")
     with store.database.connection_context():
-        assert store.head() == head
+        assert store.log.head() == head
     assert _inbox(service, delegated.session_id) == [("agent:c", "c's confidential task")]
 
 

@@ -168,13 +168,13 @@ def test_state_from_snapshots_equals_a_full_replay(start_session: StartSession) 
         service.stub.PutMemory(pb.PutMemoryRequest(agent="main", key=f"m{n % 3}", value=f"{n}"))
     store: Any = service.unit.store
     with store.database.connection_context():
-        snapshots = store.Snapshot.select().count()
+        snapshots = store.tables.Snapshot.select().count()
     assert snapshots >= 8, "sessions and agents were snapshotted every 5 events"
     with_snapshots = service.stub.GetSessionState(
         pb.GetSessionStateRequest(agent="main", session_id=session_id)
     )
     with store.database.connection_context():
-        store.delete_snapshots()
+        store.snapshots.delete_snapshots()
     report = recovery.rebuild(service.unit.core)
     assert not report.differed, report.differences
     replayed = service.stub.GetSessionState(
@@ -189,8 +189,8 @@ def test_rebuild_repairs_damaged_projections(main_agent: InProcessSession) -> No
     append(main_agent.stub, session_id, user_message("hi"))
     store: Any = main_agent.unit.store
     with store.database.connection_context():
-        store.Route.delete().execute()
-        store.Session.update(version=99).execute()
+        store.tables.Route.delete().execute()
+        store.tables.Session.update(version=99).execute()
     report = recovery.rebuild(main_agent.unit.core)
     assert report.differences["routes"] == 1
     assert report.differences["sessions"] == 2  # the damaged row out, the true one in

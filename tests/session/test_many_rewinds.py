@@ -24,7 +24,8 @@ from session_service import convert, records
 from session_service.app import SessionUnit
 from session_service.migrations import FRAMEWORK_TABLES, SESSION_SCHEMA
 from session_service.time_travel import TimeTravel
-from switchboard.database import DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import DatabaseSettings
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
 from tests.harness import EventLoopThread, InProcessSession, session_server
@@ -76,7 +77,7 @@ def _build_batch(unit: SessionUnit, session_id: str, first: int, count: int) -> 
     def op(now: float) -> list[Round]:
         rounds = []
         for i in range(first, first + count):
-            index = unit.store.session_index(session_id)
+            index = unit.store.projections.session_index(session_id)
             assert index is not None
             events = []
             for offset, body in enumerate(_pair(i)):
@@ -321,7 +322,7 @@ def test_migration_4_backfills_the_markers_from_the_rewind_records(
 
     with session_server(loop_thread, database_url) as service:
         assert _markers(service.unit) == markers, "backfilled as the moves had marked them"
-        timeline = service.unit.store.timeline()
+        timeline = service.unit.store.markers.timeline()
         assert all(timeline.is_active(seq) == active for _, seq, active in markers)
         assert _everything(service, session_id) == before
 

@@ -104,7 +104,7 @@ def test_check_permission_is_recorded_and_rewinds(team: InProcessSession) -> Non
 
     def audit() -> list[int]:
         with store.database.connection_context():
-            events = store.entity_events(f"session:{session_id}", 0)
+            events = store.log.entity_events(f"session:{session_id}", 0)
         return [e.sequence for e in events if isinstance(e.body, records.PermissionChecked)]
 
     assert audit() == [answer.sequence]
@@ -194,7 +194,7 @@ def test_delegating_to_a_non_peer_is_denied_and_audited(team: InProcessSession) 
     assert list(listed.sessions) == [], "nothing was opened"
     store: Any = team.unit.store
     with store.database.connection_context():
-        events = store.entity_events(f"session:{session_id}", 0)
+        events = store.log.entity_events(f"session:{session_id}", 0)
     denials = [e.body for e in events if isinstance(e.body, records.PermissionChecked)]
     assert [(d.action, d.allowed) for d in denials] == [("peer.delegate", False)]
 

@@ -111,7 +111,7 @@ def test_spawn_rejects_unsafe_session_ids_and_writes_nothing(
 ) -> None:
     service = start_session()
     create_agent(service.stub)
-    head = service.unit.store.head
+    head = service.unit.store.log.head
     with service.unit.store.database.connection_context():
         before = head()
     with pytest.raises(grpc.RpcError) as refused:

@@ -4,7 +4,7 @@ the length of their histories (issue 13 item 2), on both backends.
 Statements are counted by the backend's `StatementCounter` (switchboard/database.py):
 every statement the server's code sends, deferred Postgres writes included, without
 transaction control (BEGIN, SAVEPOINT, RELEASE, COMMIT, ROLLBACK) and the Postgres
-clock sample. A write transaction's log lock (`LogStore.lock_log`) is counted.
+clock sample. A write transaction's log lock (`EventLog.lock_log`) is counted.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def test_rows_without_summaries_are_read_by_folding_and_filled_at_start(
     restarted = start_session()
 
     with database.connection_context():
-        assert store.unsummarized() == ([], [])
+        assert store.projections.unsummarized() == ([], [])
     filled = {s.session_id: s for s in _list(restarted, page_size=100).sessions}
     assert {i: filled[i] for i in ids} == expected
     assert len(_statements(restarted, lambda: _list(restarted, page_size=100))) <= 2

@@ -41,7 +41,7 @@ def test_a_row_in_an_unknown_format_is_refused_clearly_not_misread(
     store: Any = service.unit.store
     with store.database.connection_context():
         store.database.execute_sql(
-            store._sql("UPDATE session_log SET format = ? WHERE seq = ?"), [7, event.sequence]
+            store.tables.sql("UPDATE session_log SET format = ? WHERE seq = ?"), [7, event.sequence]
         )
     request = pb.GetHistoryRequest(agent="main", session_id=session_id)
 

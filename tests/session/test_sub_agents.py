@@ -61,7 +61,7 @@ def check(stub: pb_grpc.SessionServiceStub, agent: str, action: str, resource: s
 def log_head(service: InProcessSession) -> int:
     store: Any = service.unit.store
     with store.database.connection_context():
-        return int(store.head())
+        return int(store.log.head())
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from typing import Any
 
 from session_service.migrations import SESSION_SCHEMA, storage_formats
 from switchboard import migrations
-from switchboard.database import DatabaseSettings, open_backend
+from switchboard.backends import open_backend
+from switchboard.database import DatabaseSettings
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "routing-keys"
 #: The SQLite backend's own clock table, and the history the old schema's migration writes.

@@ -25,10 +25,10 @@ import peewee
 
 from session_service import pii, storage_format
 from session_service.records import Erased, Event
+from session_service.storage.kinds import ERASED, RECORDS_PUT
 from switchboard.database import Backend, bind_model
 from switchboard.sqlite_backend import SqliteBackend
 
-ERASED_KIND = "erased"
 #: The request-record table erasure deletes from, and its subjects.
 REQUEST_SUBJECTS = "session_request_subject"
 
@@ -75,14 +75,11 @@ class ErasureStore:
         self.backend = backend
         self.redactor = redactor
         self.database: Any = backend.database
+        self._sql = backend.sql  # `?` placeholders, in the backend's dialect
         self.ErasedId = bind_model(ErasedIdRow, self.database)
         self.ErasedKey = bind_model(ErasedKeyRow, self.database)
         self.Subject = bind_model(RequestSubjectRow, self.database)
         self.models = (self.ErasedId, self.ErasedKey, self.Subject)
-        self._q = self.database.param
-
-    def _sql(self, text: str) -> str:
-        return text.replace("?", self._q)
 
     def _run(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self.database.execute_sql(self._sql(sql), list(params))
@@ -150,7 +147,7 @@ class ErasureStore:
         for seq in seqs:
             self.database.execute_sql(
                 sql,
-                [ERASED_KIND, storage_format.CURRENT, tombstone(seq, agent, session_id), seq],
+                [ERASED, storage_format.CURRENT, tombstone(seq, agent, session_id), seq],
             )
             count += 1
         return count
@@ -179,7 +176,7 @@ class ErasureStore:
         where = "session_id = ?" if session_id else "agent = ? AND session_id IS NOT NULL"
         rows = self._run(
             f"SELECT seq, format, payload FROM session_log WHERE {where} "
-            "AND kind = 'records_put' AND active = ? ORDER BY seq",
+            f"AND kind = '{RECORDS_PUT}' AND active = ? ORDER BY seq",
             [session_id or agent, False],
         ).fetchall()
         return [(int(seq), storage_format.decode_event(int(f), p)) for seq, f, p in rows]

@@ -145,10 +145,10 @@ class RecordQuery:
 class RecordsStore:
     def __init__(self, backend: Backend) -> None:
         self.database: Any = backend.database
+        self._sql = backend.sql  # `?` placeholders, in the backend's dialect
         self.Record = bind_model(RecordRow, self.database)
         self.Label = bind_model(RecordLabelRow, self.database)
         self.models = (self.Record, self.Label)
-        self._q = self.database.param
         self._insert = self._sql(
             f"INSERT INTO session_record ({', '.join(_COLUMNS)}) "
             f"VALUES ({', '.join('?' for _ in _COLUMNS)})"
@@ -157,9 +157,6 @@ class RecordsStore:
             "INSERT INTO session_record_label "
             "(seq, position, name, value, agent, session_id, kind) VALUES (?, ?, ?, ?, ?, ?, ?)"
         )
-
-    def _sql(self, text: str) -> str:
-        return text.replace("?", self._q)
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[IndexedRecord]:
         return [_indexed(row) for row in self.database.execute_sql(self._sql(sql), params)]

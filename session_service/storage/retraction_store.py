@@ -18,6 +18,7 @@ from typing import Any
 
 import peewee
 
+from session_service.storage.kinds import MESSAGE_APPENDED
 from switchboard.database import Backend, bind_model
 
 
@@ -44,12 +45,9 @@ NOT_RETRACTED = (
 class RetractionStore:
     def __init__(self, backend: Backend) -> None:
         self.database: Any = backend.database
+        self._sql = backend.sql  # `?` placeholders, in the backend's dialect
         self.Retraction = bind_model(RetractionRow, self.database)
         self.models = (self.Retraction,)
-        self._q = self.database.param
-
-    def _sql(self, text: str) -> str:
-        return text.replace("?", self._q)
 
     def index(self, session_id: str, by_seq: int, sequences: Sequence[int]) -> None:
         for message_seq in sequences:
@@ -69,7 +67,7 @@ class RetractionStore:
         rows = self.database.execute_sql(
             self._sql(
                 f"SELECT format, payload FROM session_log WHERE seq IN ({marks}) "
-                "AND kind = 'message_appended' AND active = ? AND (session_id = ? OR EXISTS "
+                f"AND kind = '{MESSAGE_APPENDED}' AND active = ? AND (session_id = ? OR EXISTS "
                 "(SELECT 1 FROM session_lineage g WHERE g.session_id = ? "
                 "AND g.ancestor_id = session_log.session_id AND session_log.seq <= g.until_seq)) "
                 f"AND {NOT_RETRACTED} ORDER BY seq"

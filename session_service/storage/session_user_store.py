@@ -28,12 +28,9 @@ class SessionUserRow(peewee.Model):
 class SessionUserStore:
     def __init__(self, backend: Backend) -> None:
         self.database: Any = backend.database
+        self._sql = backend.sql  # `?` placeholders, in the backend's dialect
         self.User = bind_model(SessionUserRow, self.database)
         self.models = (self.User,)
-        self._q = self.database.param
-
-    def _sql(self, text: str) -> str:
-        return text.replace("?", self._q)
 
     def put(self, session_id: str, agent: str, user_id: str) -> None:
         self.database.execute_sql(

@@ -21,6 +21,7 @@ import peewee
 
 from session_service import storage_format
 from session_service.records import StateChanged, StateScope
+from session_service.storage.kinds import STATE_CHANGED
 from switchboard.database import Backend, bind_model
 
 
@@ -86,11 +87,11 @@ def folded(entries: dict[str, str], change: StateChanged) -> dict[str, str]:
 class StateStore:
     def __init__(self, backend: Backend) -> None:
         self.database: Any = backend.database
+        self._sql = backend.sql  # `?` placeholders, in the backend's dialect
         self.Value = bind_model(StateValueRow, self.database)
         self.EventIndex = bind_model(StateEventRow, self.database)
         self.Base = bind_model(StateBaseRow, self.database)
         self.models = (self.Value, self.EventIndex, self.Base)
-        self._q = self.database.param
         self._upsert_value = self._sql(
             "INSERT INTO session_state_value (owner, key, value, seq) VALUES (?, ?, ?, ?) "
             "ON CONFLICT (owner, key) DO UPDATE SET value = excluded.value, seq = excluded.seq"
@@ -105,11 +106,8 @@ class StateStore:
         self._owner_events = self._sql(
             "SELECT l.format, l.payload FROM session_state_event e "
             "JOIN session_log l ON l.seq = e.seq WHERE e.owner = ? AND l.active = ? "
-            "AND l.kind = 'state_changed' AND l.seq <= ? ORDER BY e.seq"
+            f"AND l.kind = '{STATE_CHANGED}' AND l.seq <= ? ORDER BY e.seq"
         )
-
-    def _sql(self, text: str) -> str:
-        return text.replace("?", self._q)
 
     # -- the read model ----------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""The SessionService's storage, one module per concern (see docs/architecture.md)."""
