@@ -19,6 +19,7 @@ from switchboard import migrations
 from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
 from switchboard.idempotency import LEDGER_REQUESTS, RequestStore
+from switchboard.interceptor_chain import InterceptorChain
 from switchboard.runner import TransactionRunner
 from switchboard.shared_settings import SharedSettings, shared
 
@@ -92,9 +93,12 @@ class DeliveryUnit:
         self.ledger = Ledger(self.runner, self.store, self.limits, redactor)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        delivery_service_pb2_grpc.add_DeliveryServiceServicer_to_server(
-            DeliveryServicer(self.ledger, self.requests), server
-        )
+        self.servicer = DeliveryServicer(self.ledger, self.requests)
+        delivery_service_pb2_grpc.add_DeliveryServiceServicer_to_server(self.servicer, server)
+
+    def carry_calls_through(self, chain: InterceptorChain) -> None:
+        """CallStream serves the calls it carries through the server's interceptors."""
+        self.servicer.carried.serve_through(chain)
 
     def close(self) -> None:
         self.runner.close()

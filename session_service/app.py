@@ -21,6 +21,7 @@ from session_service.servicer import SessionServicer
 from switchboard import migrations
 from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
 from switchboard.idempotency import SESSION_REQUESTS, RequestStore
+from switchboard.interceptor_chain import InterceptorChain
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
 from switchboard.shared_settings import SESSION_SETTINGS, Shared, SharedSettings
@@ -118,9 +119,12 @@ class SessionUnit:
         key_migration.announce(self.store)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-            SessionServicer(self.core, self.requests), server
-        )
+        self.servicer = SessionServicer(self.core, self.requests)
+        session_service_pb2_grpc.add_SessionServiceServicer_to_server(self.servicer, server)
+
+    def carry_calls_through(self, chain: InterceptorChain) -> None:
+        """CallStream serves the calls it carries through the server's interceptors."""
+        self.servicer.carried.serve_through(chain)
 
     def close(self) -> None:
         self.core.watching.close()

@@ -27,6 +27,7 @@ from session_service.session_reads import SessionReads
 from session_service.stored_records import ListRequest, StoredRecords
 from session_service.time_travel import Move, TimeTravel
 from switchboard import auth, validation
+from switchboard.call_stream import CarriedCalls
 from switchboard.idempotency import RequestStore
 from switchboard.mutations import Mutations
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -232,6 +233,18 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self.stored_records = StoredRecords(core)
         self.erasures = Erasures(core)
         self._watched = _Converted()
+        self.carried = CarriedCalls(
+            pb.DESCRIPTOR.services_by_name["SessionService"],
+            lambda server: pb_grpc.add_SessionServiceServicer_to_server(self, server),
+            pb.CallStreamResponse,
+        )
+
+    async def CallStream(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.CallStreamRequest], context: Context
+    ) -> AsyncIterator[pb.CallStreamResponse]:
+        """AppendEvents and PostToInbox carried over one stream (`switchboard.call_stream`)."""
+        async for answer in self.carried.serve(request_iterator, context):
+            yield answer  # type: ignore[misc]
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=_agent(agent)))
     async def CreateAgent(  # noqa: N802

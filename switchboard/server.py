@@ -176,10 +176,13 @@ class GrpcApp:
             observer = ObservabilityInterceptor(settings.metrics, access, auth.principal_of)
             interceptors.insert(0, observer)
         quiet_grpc_decode_errors()
-        self.server = grpc.aio.server(
-            interceptors=[InterceptorChain(interceptors)], options=channel_options(settings)
-        )
+        chain = InterceptorChain(interceptors)
+        self.server = grpc.aio.server(interceptors=[chain], options=channel_options(settings))
         self.unit.add_to_server(self.server)
+        # A unit with a CallStream serves the calls it carries through the same chain.
+        carry_calls_through = getattr(self.unit, "carry_calls_through", None)
+        if carry_calls_through is not None:
+            carry_calls_through(chain)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (
