@@ -39,6 +39,7 @@ from typing import Any, Protocol, Self, TypeVar
 import grpc
 from google.protobuf import duration_pb2
 
+from switchboard_client._stream import AsyncStreamCalls, StreamCalls
 from switchboard_client.errors import SwitchboardError, from_rpc_error
 
 #: Ceiling for any call on a channel built from a service config; the per-call deadline
@@ -100,7 +101,8 @@ def service_config(
             "retryPolicy": copy.deepcopy(RETRY_POLICY),
         },
     ]
-    streams = [{"service": service, "method": method} for method in unbounded]
+    # CallStream (`_stream`) lives as long as the client: each carried call has its own deadline.
+    streams = [{"service": service, "method": m} for m in [*unbounded, "CallStream"]]
     if streams:
         entries.append({"name": streams})
     return {"methodConfig": entries}
@@ -182,9 +184,11 @@ class BaseClient:
             if channel is not None
             else grpc.insecure_channel(target, options=channel_options(config))
         )
+        self._stream_calls = StreamCalls(self._channel, self._metadata)
 
     def close(self) -> None:
         """Closes the channel this client created (not one passed in)."""
+        self._stream_calls.close()
         if self._owns_channel:
             self._channel.close()
 
@@ -227,6 +231,16 @@ class BaseClient:
         raise AssertionError("unreachable")
 
     def _attempt(
+        self,
+        method: grpc.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        timeout: float,
+    ) -> _Response:
+        return self._stream_calls.attempt(
+            request, timeout, lambda: self._unary_attempt(method, request, timeout)
+        )
+
+    def _unary_attempt(
         self,
         method: grpc.UnaryUnaryMultiCallable[_Request, _Response],
         request: _Request,
@@ -276,9 +290,11 @@ class AsyncBaseClient:
             if channel is not None
             else grpc.aio.insecure_channel(target, options=channel_options(config))
         )
+        self._stream_calls = AsyncStreamCalls(self._channel, self._metadata)
 
     async def close(self) -> None:
         """Closes the channel this client created (not one passed in)."""
+        self._stream_calls.close()
         if self._owns_channel:
             await self._channel.close()
 
@@ -316,6 +332,16 @@ class AsyncBaseClient:
         raise AssertionError("unreachable")
 
     async def _attempt(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        timeout: float,
+    ) -> _Response:
+        return await self._stream_calls.attempt(
+            request, timeout, lambda: self._unary_attempt(method, request, timeout)
+        )
+
+    async def _unary_attempt(
         self,
         method: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response],
         request: _Request,
