@@ -57,3 +57,13 @@ def carry(
     answers = {answer.correlation_id: answer for answer in call_stream(iter(requests), **options)}
     assert sorted(answers) == list(range(len(calls))), "every call is answered once"
     return [answers[position] for position in range(len(calls))]
+
+
+def twins(
+    stub: Any, request_class: type[Message], kind: str, request: Message, metadata: Any
+) -> tuple[Outcome, Outcome]:
+    """The outcome of `request` carried over `stub`'s CallStream as its `kind` field, then
+    of the same request sent unary (the RPC named by `kind`)."""
+    carried = carry(stub.CallStream, request_class, [(kind, request)], metadata=metadata)
+    unary = getattr(stub, "".join(part.title() for part in kind.split("_")))
+    return carried_outcome(carried[0]), unary_outcome(unary, request, metadata=metadata)

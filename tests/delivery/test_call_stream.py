@@ -18,7 +18,7 @@ from google.rpc import code_pb2
 from switchboard.auth import parse_tokens
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
-from tests.carried import Outcome, carried_outcome, carry, status_of, unary_outcome
+from tests.carried import Outcome, carry, status_of, twins
 from tests.delivery.conftest import StartDelivery
 from tests.harness import EventLoopThread, InProcessDelivery, delivery_server
 
@@ -55,12 +55,7 @@ def _reply(instance_id: str, content: str, **fields: Any) -> pb.RecordObligation
 def _twins(
     server: InProcessDelivery, kind: str, request: Message, metadata: Any = MAIN
 ) -> tuple[Outcome, Outcome]:
-    """The outcome of `request` carried over a stream, then of the same request unary."""
-    carried = carry(
-        server.stub.CallStream, pb.CallStreamRequest, [(kind, request)], metadata=metadata
-    )
-    unary = getattr(server.stub, "".join(part.title() for part in kind.split("_")))
-    return carried_outcome(carried[0]), unary_outcome(unary, request, metadata=metadata)
+    return twins(server.stub, pb.CallStreamRequest, kind, request, metadata)
 
 
 def test_a_full_cycle_carried_answers_as_its_unary_retries(secured: InProcessDelivery) -> None:

@@ -19,7 +19,7 @@ from google.rpc import code_pb2
 from switchboard.auth import parse_tokens
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
-from tests.carried import Outcome, carried_outcome, carry, status_of, unary_outcome
+from tests.carried import Outcome, carried_outcome, carry, status_of, twins
 from tests.harness import EventLoopThread, InProcessSession, session_server
 from tests.session.conftest import StartSession, create_agent, resolve, user_message, web
 
@@ -48,14 +48,9 @@ def _append(session_id: str, text: str, **fields: Any) -> pb.AppendEventsRequest
 
 
 def _twins(
-    server: InProcessSession, kind: str, request: Message, metadata: object = MAIN
+    server: InProcessSession, kind: str, request: Message, metadata: Any = MAIN
 ) -> tuple[Outcome, Outcome]:
-    """The outcome of `request` carried over a stream, then of the same request unary."""
-    carried = carry(
-        server.stub.CallStream, pb.CallStreamRequest, [(kind, request)], metadata=metadata
-    )
-    unary = getattr(server.stub, "".join(part.title() for part in kind.split("_")))
-    return carried_outcome(carried[0]), unary_outcome(unary, request, metadata=metadata)
+    return twins(server.stub, pb.CallStreamRequest, kind, request, metadata)
 
 
 def test_an_append_carried_then_retried_unary_by_its_request_id_answers_the_same(
