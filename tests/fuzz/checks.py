@@ -130,8 +130,41 @@ class Answer:
     streaming: bool = False
 
 
+class CarriedError(grpc.RpcError):
+    """A call's error as CallStream answered it, read like the unary call's: its code,
+    message and google.rpc.Status (as the unary call's grpc-status-details-bin)."""
+
+    def __init__(self, status: Any) -> None:
+        super().__init__(status.message)
+        self._status = status
+
+    def code(self) -> grpc.StatusCode:
+        return next(c for c in grpc.StatusCode if c.value[0] == self._status.code)
+
+    def details(self) -> str:
+        return str(self._status.message)
+
+    def trailing_metadata(self) -> Any:
+        return (("grpc-status-details-bin", self._status.SerializeToString()),)
+
+
+def carried(carrier: Callable[..., Any], request: Message) -> Answer:
+    """One call over a CallStream (`request`: a CallStreamRequest): its answer's
+    response, or its error as the unary call would have raised it."""
+    try:
+        (answer,) = carrier(iter([request]), timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError as error:
+        return Answer(error=error)
+    kind = answer.WhichOneof("result")
+    if kind == "error":
+        return Answer(error=CarriedError(answer.error))
+    return Answer(response=getattr(answer, kind))
+
+
 def call(stub: Any, method: MethodDescriptor, request: Message) -> Answer:
     rpc: Callable[..., Any] = getattr(stub, method.name)
+    if method.client_streaming:
+        return carried(rpc, request)
     streaming = method.server_streaming
     try:
         if not streaming:
