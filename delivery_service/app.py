@@ -16,6 +16,7 @@ from delivery_service.servicer import DeliveryServicer
 from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
 from switchboard import migrations
+from switchboard.call_stream import CarriedCalls
 from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
 from switchboard.idempotency import LEDGER_REQUESTS, RequestStore
@@ -96,9 +97,10 @@ class DeliveryUnit:
         self.servicer = DeliveryServicer(self.ledger, self.requests)
         delivery_service_pb2_grpc.add_DeliveryServiceServicer_to_server(self.servicer, server)
 
-    def carry_calls_through(self, chain: InterceptorChain) -> None:
+    def carry_calls_through(self, chain: InterceptorChain) -> CarriedCalls:
         """CallStream serves the calls it carries through the server's interceptors."""
         self.servicer.carried.serve_through(chain)
+        return self.servicer.carried
 
     def close(self) -> None:
         self.runner.close()

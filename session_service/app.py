@@ -19,6 +19,7 @@ from session_service.log_store import LogStore
 from session_service.migrations import SESSION_SCHEMA
 from session_service.servicer import SessionServicer
 from switchboard import migrations
+from switchboard.call_stream import CarriedCalls
 from switchboard.database import Backend, DatabaseSettings, SettingsMismatch, open_backend
 from switchboard.idempotency import SESSION_REQUESTS, RequestStore
 from switchboard.interceptor_chain import InterceptorChain
@@ -122,9 +123,10 @@ class SessionUnit:
         self.servicer = SessionServicer(self.core, self.requests)
         session_service_pb2_grpc.add_SessionServiceServicer_to_server(self.servicer, server)
 
-    def carry_calls_through(self, chain: InterceptorChain) -> None:
+    def carry_calls_through(self, chain: InterceptorChain) -> CarriedCalls:
         """CallStream serves the calls it carries through the server's interceptors."""
         self.servicer.carried.serve_through(chain)
+        return self.servicer.carried
 
     def close(self) -> None:
         self.core.watching.close()

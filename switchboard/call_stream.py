@@ -132,6 +132,8 @@ class CarriedCalls:
             for field in request_class.oneofs_by_name[CALL_ONEOF].fields
         }
         self._chain: InterceptorChain | None = None
+        self._readers: set[asyncio.Task[None]] = set()
+        self._draining = False
 
     @staticmethod
     def _method_of(service: ServiceDescriptor, request_type: Any) -> str:
@@ -144,22 +146,42 @@ class CarriedCalls:
         """Carried calls run through the server's own interceptor chain (set at start)."""
         self._chain = chain
 
+    def drain(self) -> None:
+        """The server is stopping: every open stream stops reading calls, answers the
+        ones in flight and ends (OK); its caller sends the rest again elsewhere, by
+        request id. New streams end at once."""
+        self._draining = True
+        for reader in self._readers:
+            reader.cancel()
+
     async def serve(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Message]:
-        """Answers each carried call as it finishes, until the caller half-closes and
-        every call in flight has been answered."""
+        """Answers each carried call as it finishes, until the caller half-closes (or
+        the server drains) and every call in flight has been answered."""
+        if self._draining:
+            return
         answers: asyncio.Queue[Message | None] = asyncio.Queue()
-        reader = asyncio.create_task(self._read(requests, context, answers))
+        running: set[asyncio.Task[None]] = set()
+        reader = asyncio.create_task(self._read(requests, context, answers, running))
+        self._readers.add(reader)
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
             await reader  # the stream's own failure, if reading failed
         finally:
+            self._readers.discard(reader)
             reader.cancel()
+            for task in running:
+                task.cancel()
 
     async def _read(
-        self, requests: AsyncIterator[Any], context: Any, answers: asyncio.Queue[Message | None]
+        self,
+        requests: AsyncIterator[Any],
+        context: Any,
+        answers: asyncio.Queue[Message | None],
+        running: set[asyncio.Task[None]],
     ) -> None:
-        running: set[asyncio.Task[None]] = set()
+        """Starts each call as it arrives; when the requests end (or a drain stops
+        the reading), waits for the calls in flight, then marks the end of answers."""
 
         async def answer(request: Any) -> None:
             answers.put_nowait(await self.answer(request, context))
@@ -169,11 +191,12 @@ class CarriedCalls:
                 task = asyncio.create_task(answer(request))
                 running.add(task)
                 task.add_done_callback(running.discard)
-            if running:
-                await asyncio.gather(*running)
+        except asyncio.CancelledError:
+            if not self._draining:
+                raise
         finally:
-            for task in running:
-                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
             answers.put_nowait(None)
 
     async def answer(self, request: Any, stream: Any) -> Message:

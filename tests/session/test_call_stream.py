@@ -5,6 +5,7 @@ scope checks, deadlines), concurrently, and two gateways racing through streams 
 
 from __future__ import annotations
 
+import queue
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -210,3 +211,28 @@ def test_two_gateways_racing_through_streams_keep_versions_exact(
             version = won[0].append_events.version
     history = first.stub.GetHistory(pb.GetHistoryRequest(agent="main", session_id=session_id))
     assert len(history.messages) == rounds
+
+
+def test_a_draining_server_answers_the_calls_in_flight_and_ends_its_streams(
+    service: InProcessSession, loop_thread: EventLoopThread
+) -> None:
+    """What a stopping server does: its open streams end (OK) once the calls they carry
+    are answered, without waiting for their callers to half-close; new ones end at once."""
+    create_agent(service.stub, "main")
+    session_id = resolve(service.stub, **web("draining")).session.session_id
+    outgoing: queue.SimpleQueue[pb.CallStreamRequest | None] = queue.SimpleQueue()
+
+    def feed() -> Iterator[pb.CallStreamRequest]:
+        while (request := outgoing.get()) is not None:
+            yield request
+
+    answers = service.stub.CallStream(feed(), timeout=20)
+    outgoing.put(pb.CallStreamRequest(append_events=_append(session_id, "before")))
+    assert next(answers).WhichOneof("result") == "append_events"
+    loop_thread.loop.call_soon_threadsafe(service.unit.servicer.carried.drain)
+    assert list(answers) == [], "the stream ended without the caller half-closing"
+    outgoing.put(None)
+    late = pb.CallStreamRequest(append_events=_append(session_id, "after"))
+    assert list(service.stub.CallStream(iter([late]))) == []
+    history = service.stub.GetHistory(pb.GetHistoryRequest(agent="main", session_id=session_id))
+    assert [m.message.content for m in history.messages] == ["before"]
