@@ -207,6 +207,11 @@ class StreamCalls:
             stream.close()
 
 
+def _expire(future: asyncio.Future[Any], timeout: float) -> None:
+    if not future.done():
+        future.set_exception(_late(timeout))
+
+
 class _AsyncStream:
     """One open CallStream of an asyncio client (`route` names its service): a task
     reads the answers."""
@@ -232,13 +237,15 @@ class _AsyncStream:
         if self.broken is not None:
             raise self.broken
         correlation_id = next(self._ids)
-        future = self._pending[correlation_id] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = self._pending[correlation_id] = loop.create_future()
         self._requests.put_nowait(_carried(route, correlation_id, request, timeout))
+        # A timer, not wait_for: wait_for costs a task per call, the timer a handle.
+        timer = loop.call_later(timeout, _expire, future, timeout)
         try:
-            return _answer(route, await asyncio.wait_for(future, timeout))
-        except TimeoutError:
-            raise _late(timeout) from None
+            return _answer(route, await future)
         finally:
+            timer.cancel()
             self._pending.pop(correlation_id, None)
 
     async def _read(self) -> None:
