@@ -133,7 +133,11 @@ class CarriedCalls:
         }
         self._chain: InterceptorChain | None = None
         self._readers: set[asyncio.Task[None]] = set()
+        #: Readers stopped on purpose (a drain, a stream's age): they end the stream OK.
+        self._stopped: set[asyncio.Task[None]] = set()
         self._draining = False
+        #: A stream ends (as in a drain) after this many seconds, None: never.
+        self.max_stream_age_s: float | None = None
 
     @staticmethod
     def _method_of(service: ServiceDescriptor, request_type: Any) -> str:
@@ -151,8 +155,12 @@ class CarriedCalls:
         ones in flight and ends (OK); its caller sends the rest again elsewhere, by
         request id. New streams end at once."""
         self._draining = True
-        for reader in self._readers:
-            reader.cancel()
+        for reader in list(self._readers):
+            self._stop(reader)
+
+    def _stop(self, reader: asyncio.Task[None]) -> None:
+        self._stopped.add(reader)
+        reader.cancel()
 
     async def serve(self, requests: AsyncIterator[Any], context: Any) -> AsyncIterator[Message]:
         """Answers each carried call as it finishes, until the caller half-closes (or
@@ -163,12 +171,20 @@ class CarriedCalls:
         running: set[asyncio.Task[None]] = set()
         reader = asyncio.create_task(self._read(requests, context, answers, running))
         self._readers.add(reader)
+        # Ended before the server's max connection age, whose GOAWAY grace would cut
+        # the calls in flight: the caller opens another stream (on a new connection).
+        aged = None
+        if self.max_stream_age_s is not None:
+            aged = asyncio.get_running_loop().call_later(self.max_stream_age_s, self._stop, reader)
         try:
             while (answer := await answers.get()) is not None:
                 yield answer
             await reader  # the stream's own failure, if reading failed
         finally:
+            if aged is not None:
+                aged.cancel()
             self._readers.discard(reader)
+            self._stopped.discard(reader)
             reader.cancel()
             for task in running:
                 task.cancel()
@@ -192,7 +208,7 @@ class CarriedCalls:
                 running.add(task)
                 task.add_done_callback(running.discard)
         except asyncio.CancelledError:
-            if not self._draining:
+            if asyncio.current_task() not in self._stopped:
                 raise
         finally:
             if running:

@@ -185,7 +185,9 @@ class GrpcApp:
         # A unit with a CallStream serves the calls it carries through the same chain.
         carry_calls_through = getattr(self.unit, "carry_calls_through", None)
         if carry_calls_through is not None:
-            self._carriers.append(carry_calls_through(chain))
+            carrier: CarriedCalls = carry_calls_through(chain)
+            carrier.max_stream_age_s = settings.max_connection_age_s / 2
+            self._carriers.append(carrier)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (

@@ -230,3 +230,16 @@ def test_the_asyncio_clients_carry_concurrent_calls(
             assert len({row.obligation.id for row in rows}) == 20
 
     asyncio.run(run())
+
+
+def test_streams_the_server_ends_for_their_age_are_replaced_unnoticed(
+    session: InProcessSession, session_client: SessionClient
+) -> None:
+    """A server ends each CallStream before its connection's age limit (here after a
+    tenth of a second): the calls it left unread go again on a new stream, and every
+    append is logged once."""
+    session.unit.servicer.carried.max_stream_age_s = 0.1
+    sessions = _sessions(session_client, CLIENTS)
+    _appends_at_once(session_client, sessions, 30)
+    for session_id in sessions:
+        assert _history(session_client, session_id) == [f"{session_id} {n}" for n in range(30)]

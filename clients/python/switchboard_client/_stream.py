@@ -11,6 +11,9 @@ A carried call answers exactly as its unary twin: the same response, the same
 `SwitchboardError` (code, reason, fields), the same request id (a carried call that
 failed UNAVAILABLE, because its stream broke, is retried by `_call` with its id,
 like a unary one). Each has its attempt's deadline, sent with it as its `timeout`.
+A stream the server ends cleanly (it is stopping, or the stream is old: servers end
+them before their connection's age limit) has answered every call it read; the
+calls it left unanswered go again on a new stream, unnoticed.
 """
 
 from __future__ import annotations
@@ -94,10 +97,14 @@ def _answer(route: Route, answer: Any) -> Any:
     return getattr(answer, route.field)
 
 
-def _ended() -> SwitchboardError:
-    return SwitchboardError(
-        grpc.StatusCode.UNAVAILABLE, "the call stream ended before this call was answered"
-    )
+#: Times a call is sent again on a new stream after its stream ended unanswered.
+RESENDS = 3
+
+
+class _Unanswered(Exception):
+    """The stream ended cleanly (the server stopping, or ending an old stream) before
+    this call was answered: the server answers every call it read before it ends a
+    stream, so this one never ran. It goes again on a new stream."""
 
 
 def _late(timeout: float) -> SwitchboardError:
@@ -111,7 +118,7 @@ class _Stream:
     reads the answers."""
 
     def __init__(self, channel: grpc.Channel, route: Route, metadata: Metadata) -> None:
-        self.broken: SwitchboardError | None = None
+        self.broken: Exception | None = None
         self._lock = threading.Lock()
         self._pending: dict[int, Future[Any]] = {}
         self._ids = itertools.count()
@@ -141,7 +148,7 @@ class _Stream:
                 self._pending.pop(correlation_id, None)
 
     def _read(self) -> None:
-        error = _ended()
+        error: Exception = _Unanswered()
         try:
             for answer in self._answers:
                 with self._lock:
@@ -181,14 +188,18 @@ class StreamCalls:
         try:
             if route is None or others == 0 or route.path in self._unimplemented:
                 return unary()
-            try:
-                result: R = self._stream(route).call(route, request, timeout)
-                return result
-            except SwitchboardError as error:
-                if error.code != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-                self._unimplemented.add(route.path)  # a server without CallStream
-                return unary()
+            for _ in range(RESENDS):
+                try:
+                    result: R = self._stream(route).call(route, request, timeout)
+                    return result
+                except _Unanswered:
+                    continue  # on a new stream
+                except SwitchboardError as error:
+                    if error.code != grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    self._unimplemented.add(route.path)  # a server without CallStream
+                    break
+            return unary()
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -217,7 +228,7 @@ class _AsyncStream:
     reads the answers."""
 
     def __init__(self, channel: grpc.aio.Channel, route: Route, metadata: Metadata) -> None:
-        self.broken: SwitchboardError | None = None
+        self.broken: Exception | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count()
         self._requests: asyncio.Queue[Any] = asyncio.Queue()
@@ -249,7 +260,7 @@ class _AsyncStream:
             self._pending.pop(correlation_id, None)
 
     async def _read(self) -> None:
-        error = _ended()
+        error: Exception = _Unanswered()
         try:
             async for answer in self._call:
                 future = self._pending.pop(answer.correlation_id, None)
@@ -284,14 +295,18 @@ class AsyncStreamCalls:
         try:
             if route is None or others == 0 or route.path in self._unimplemented:
                 return await unary()
-            try:
-                result: R = await self._stream(route).call(route, request, timeout)
-                return result
-            except SwitchboardError as error:
-                if error.code != grpc.StatusCode.UNIMPLEMENTED:
-                    raise
-                self._unimplemented.add(route.path)
-                return await unary()
+            for _ in range(RESENDS):
+                try:
+                    result: R = await self._stream(route).call(route, request, timeout)
+                    return result
+                except _Unanswered:
+                    continue  # on a new stream
+                except SwitchboardError as error:
+                    if error.code != grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    self._unimplemented.add(route.path)
+                    break
+            return await unary()
         finally:
             self._in_flight -= 1
 
