@@ -23,6 +23,13 @@ const STATUS_DETAILS_KEY = 'grpc-status-details-bin';
  * @property {(error: unknown) => void} reject
  */
 
+/** Times a call goes again on a new stream after its stream ended unanswered. */
+const RESENDS = 3;
+
+/** The stream ended cleanly (the server stopping, or ending an old stream) before
+ * this call was answered: it never ran, and goes again on a new stream. */
+class Unanswered extends Error {}
+
 /** One open CallStream: answers are matched to calls by correlation id. */
 class OpenStream {
   /**
@@ -39,7 +46,8 @@ class OpenStream {
     this.call = client.stub.CallStream(metadata, {});
     this.call.on('data', (/** @type {any} */ answer) => this._answered(answer));
     this.call.on('error', (/** @type {unknown} */ error) => this._ended(error));
-    this.call.on('end', () => this._ended(new Error('the call stream ended before this call was answered')));
+    // A clean end answered every call the server read: the rest never ran.
+    this.call.on('end', () => this._ended(new Unanswered()));
   }
 
   /**
@@ -85,10 +93,9 @@ class OpenStream {
   _ended(error) {
     if (this.broken !== undefined) return;
     const code = /** @type {{ code?: unknown }} */ (error).code;
-    this.broken =
-      typeof code === 'number'
-        ? toSwitchboardError(error, this.client.packageDefinition)
-        : this._error(grpc.status.UNAVAILABLE, String(/** @type {Error} */ (error).message ?? error));
+    if (error instanceof Unanswered) this.broken = error;
+    else if (typeof code === 'number') this.broken = toSwitchboardError(error, this.client.packageDefinition);
+    else this.broken = this._error(grpc.status.UNAVAILABLE, String(/** @type {Error} */ (error).message ?? error));
     for (const pending of this.pending.values()) pending.reject(this.broken);
     this.pending.clear();
   }
@@ -140,13 +147,17 @@ export class StreamCalls {
     try {
       if (field === undefined || others === 0 || this.unimplemented || options.signal) return await unary();
       const deadline = new Date(prepared.callOptions.deadline ?? Date.now()).getTime();
-      try {
-        return await this._stream(options, prepared.metadata).send(field, request, deadline - Date.now());
-      } catch (error) {
-        if (/** @type {{ code?: string }} */ (error).code !== 'UNIMPLEMENTED') throw error;
-        this.unimplemented = true; // a server from before CallStream
-        return await unary();
+      for (let sent = 0; sent < RESENDS; sent += 1) {
+        try {
+          return await this._stream(options, prepared.metadata).send(field, request, deadline - Date.now());
+        } catch (error) {
+          if (error instanceof Unanswered) continue; // on a new stream
+          if (/** @type {{ code?: string }} */ (error).code !== 'UNIMPLEMENTED') throw error;
+          this.unimplemented = true; // a server from before CallStream
+          break;
+        }
       }
+      return await unary();
     } finally {
       this.inFlight -= 1;
     }
