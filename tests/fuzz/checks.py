@@ -13,8 +13,9 @@ from google.protobuf import text_format
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
 
-from tests.fuzz.hostile import EXAMPLES
+from tests.fuzz.hostile import EXAMPLES, S
 from tests.status import error_details
 
 #: A unary call that takes longer than this is a hang, not an answer.
@@ -159,6 +160,21 @@ def carried(carrier: Callable[..., Any], request: Message) -> Answer:
     if kind == "error":
         return Answer(error=CarriedError(answer.error))
     return Answer(response=getattr(answer, kind))
+
+
+def carried_calls(request_class: Any, service: Any, requests: Any, seed: Any) -> S[Message]:
+    """CallStream requests (`request_class`): each call the stream carries, with its
+    RPC's fuzzed requests (`requests[rpc](seed)`), or none; answered as the unary
+    calls are checked (`carried`)."""
+    rpc_of = {method.input_type.full_name: method.name for method in service.methods}
+    calls = [
+        st.builds(
+            lambda carried, name=field.name: request_class(**{name: carried}),
+            requests[rpc_of[field.message_type.full_name]](seed),
+        )
+        for field in request_class.DESCRIPTOR.oneofs_by_name["call"].fields
+    ]
+    return st.one_of(*calls, st.just(request_class()))
 
 
 def call(stub: Any, method: MethodDescriptor, request: Message) -> Answer:

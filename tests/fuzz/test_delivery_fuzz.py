@@ -26,6 +26,7 @@ from tests.fuzz.checks import (
     Answer,
     KnownBug,
     backend_of,
+    carried_calls,
     check_repro,
     check_request_table,
     describe,
@@ -303,23 +304,7 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
 }
 
 
-def _carried_calls(seed: Seed) -> S[Message]:
-    """CallStream requests: each carried call's fuzzed request, or none (a stream's
-    answers are checked as the unary calls' are: `tests.fuzz.checks.carried`)."""
-    calls = [
-        st.builds(lambda c, r=field: pb.CallStreamRequest(**{r: c}), strategy)
-        for field, strategy in (
-            ("record_obligation", REQUESTS["RecordObligation"](seed)),
-            ("mark_delivered", REQUESTS["MarkDelivered"](seed)),
-            ("mark_failed", REQUESTS["MarkFailed"](seed)),
-            ("mark_attempting", REQUESTS["MarkAttempting"](seed)),
-            ("heartbeat", REQUESTS["Heartbeat"](seed)),
-        )
-    ]
-    return st.one_of(*calls, st.just(pb.CallStreamRequest()))
-
-
-REQUESTS["CallStream"] = _carried_calls
+REQUESTS["CallStream"] = lambda seed: carried_calls(pb.CallStreamRequest, SERVICE, REQUESTS, seed)
 
 #: RPCs that never write, whatever they answer.
 READ_ONLY: Final = frozenset(
