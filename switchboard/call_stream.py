@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 #: What a registered service's generated `add_*Servicer_to_server` is called with.
 Register = Callable[[Any], None]
 _DETAILS_KEY = "grpc-status-details-bin"
+#: Calls one stream runs at once (the default bound of calls on one connection).
+MAX_CALLS_IN_FLIGHT = 1000
 #: The oneof of a CallStream request holding the carried call, and of its answer.
 CALL_ONEOF, RESULT_ONEOF = "call", "result"
 
@@ -199,14 +201,22 @@ class CarriedCalls:
         """Starts each call as it arrives; when the requests end (or a drain stops
         the reading), waits for the calls in flight, then marks the end of answers."""
 
+        # A stream's calls in flight are bounded as a connection's calls are: past
+        # the bound nothing more is read, and HTTP/2 flow control holds the caller.
+        room = asyncio.Semaphore(MAX_CALLS_IN_FLIGHT)
+
         async def answer(request: Any) -> None:
-            answers.put_nowait(await self.answer(request, context))
+            try:
+                answers.put_nowait(await self.answer(request, context))
+            finally:
+                room.release()
 
         try:
             async for request in requests:
                 task = asyncio.create_task(answer(request))
                 running.add(task)
                 task.add_done_callback(running.discard)
+                await room.acquire()
         except asyncio.CancelledError:
             if asyncio.current_task() not in self._stopped:
                 raise

@@ -17,6 +17,7 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 from google.rpc import code_pb2
 
+from switchboard import call_stream
 from switchboard.auth import parse_tokens
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
@@ -236,3 +237,14 @@ def test_a_draining_server_answers_the_calls_in_flight_and_ends_its_streams(
     assert list(service.stub.CallStream(iter([late]))) == []
     history = service.stub.GetHistory(pb.GetHistoryRequest(agent="main", session_id=session_id))
     assert [m.message.content for m in history.messages] == ["before"]
+
+
+def test_past_its_bound_of_calls_in_flight_a_stream_reads_on_as_calls_finish(
+    service: InProcessSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(call_stream, "MAX_CALLS_IN_FLIGHT", 1)
+    create_agent(service.stub, "main")
+    session_id = resolve(service.stub, **web("bounded")).session.session_id
+    calls = [("append_events", _append(session_id, f"m{n}")) for n in range(10)]
+    answers = carry(service.stub.CallStream, pb.CallStreamRequest, calls, timeout=30)
+    assert all(answer.WhichOneof("result") == "append_events" for answer in answers)
