@@ -1,8 +1,9 @@
-"""SIGKILL the SessionService while appends stream over CallStream.
+"""SIGKILL a service while writes stream over CallStream (SessionService appends,
+DeliveryService record-and-begin).
 
-The stream ends UNAVAILABLE; every append it acknowledged before the kill is in the log
-after a restart, and the ones left unanswered, retried unary with their request ids,
-are logged once each: nothing acknowledged is lost, nothing is written twice.
+The stream ends UNAVAILABLE; every write it acknowledged before the kill is there after
+a restart, and the ones left unanswered, retried unary with their request ids, are
+written once each: nothing acknowledged is lost, nothing is written twice.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from switchboard.delivery.v1 import delivery_service_pb2 as dpb
+from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
 from switchboard.session.v1 import session_service_pb2 as spb
 from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
 from tests.chaos.common import DEADLINE, ROUNDS, Processes, channel_to, wait_for
@@ -121,3 +124,71 @@ def _kill_when(kill: threading.Event, server: ServerProcess) -> None:
 def _wait_until_serving(stub: spb_grpc.SessionServiceStub, session_id: str) -> None:
     request = spb.GetSessionRequest(agent="main", session_id=session_id)
     wait_for(lambda: stub.GetSession(request, timeout=5), 30, "the restarted server")
+
+
+def _record(instance_id: str, n: int) -> dpb.RecordObligationRequest:
+    return dpb.RecordObligationRequest(
+        instance_id=instance_id,
+        session_key=f"agent:main:slack:dm:U{n}",
+        message_ref=f"m{n}",
+        content=f"reply {n}",
+        platform="slack",
+        chat_id=f"U{n}",
+        begin_attempt=True,
+        request_id=str(uuid.uuid4()),
+    )
+
+
+def test_sigkill_mid_stream_loses_no_acknowledged_ledger_write(
+    database_url: str, processes: Processes
+) -> None:
+    """The same for the DeliveryService: replies recorded (and begun) over the stream,
+    the server killed with most in flight; every acknowledged row is there, ATTEMPTING,
+    after a restart, and the retries by request id answer the first answers."""
+    server = processes.server(database_url, service="delivery")
+    with channel_to(server.address) as channel:
+        stub = dpb_grpc.DeliveryServiceStub(channel)
+        registered = stub.RegisterInstance(
+            dpb.RegisterInstanceRequest(gateway_name="gw", platforms=["slack"]), timeout=10
+        )
+    instance_id = registered.instance.instance_id
+    requests = [_record(instance_id, n) for n in range(400)]
+    kill = threading.Event()
+    killer = threading.Thread(target=_kill_when, args=(kill, server))
+    killer.start()
+    acked: dict[int, dpb.RecordObligationResponse] = {}
+    outgoing: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    def feed() -> Iterator[dpb.CallStreamRequest]:
+        while (request := outgoing.get()) is not _END:
+            assert isinstance(request, dpb.CallStreamRequest)
+            yield request
+
+    for position, record in enumerate(requests):
+        outgoing.put(dpb.CallStreamRequest(correlation_id=position, record_obligation=record))
+    ended = None
+    with channel_to(server.address) as channel:
+        try:
+            for answer in dpb_grpc.DeliveryServiceStub(channel).CallStream(feed()):
+                assert answer.WhichOneof("result") == "record_obligation", answer
+                acked[answer.correlation_id] = answer.record_obligation
+                if len(acked) == 5:
+                    kill.set()
+                if len(acked) == len(requests):
+                    outgoing.put(_END)
+        except grpc.RpcError as error:
+            ended = error.code()
+    outgoing.put(_END)
+    killer.join(60)
+    assert ended == grpc.StatusCode.UNAVAILABLE and 5 <= len(acked) < len(requests)
+    server.start()
+    with channel_to(server.address) as channel:
+        stub = dpb_grpc.DeliveryServiceStub(channel)
+        for position, first in acked.items():
+            row_id = first.obligation.id
+            stored = stub.GetObligation(dpb.GetObligationRequest(obligation_id=row_id), timeout=10)
+            assert stored.obligation.state == dpb.OBLIGATION_STATE_ATTEMPTING, position
+        for position, record in enumerate(requests):  # every one again, by its request id
+            retried = stub.RecordObligation(record, timeout=10)
+            if position in acked:  # created=True: the first answer, not a second record
+                assert retried == acked[position], "the first answer, again"
