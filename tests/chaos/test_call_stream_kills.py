@@ -12,6 +12,7 @@ import queue
 import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -45,16 +46,11 @@ def _stream_until_killed(
     stream breaks; returns the positions acknowledged and how the stream ended."""
     outgoing: queue.SimpleQueue[object] = queue.SimpleQueue()
 
-    def feed() -> Iterator[spb.CallStreamRequest]:
-        while (request := outgoing.get()) is not _END:
-            assert isinstance(request, spb.CallStreamRequest)
-            yield request
-
     for position, append in enumerate(requests):
         outgoing.put(spb.CallStreamRequest(correlation_id=position, append_events=append))
     acked: set[int] = set()
     try:
-        for answer in stub.CallStream(feed()):
+        for answer in stub.CallStream(_fed(outgoing)):
             assert answer.WhichOneof("result") == "append_events", answer
             acked.add(answer.correlation_id)
             if len(acked) == 5:
@@ -116,6 +112,12 @@ def _contents(stub: spb_grpc.SessionServiceStub, session_id: str) -> list[str]:
         request.page_token = page.next_page_token
 
 
+def _fed(outgoing: queue.SimpleQueue[object]) -> Iterator[Any]:
+    """The requests put on `outgoing`, as a stream's request iterator, until `_END`."""
+    while (request := outgoing.get()) is not _END:
+        yield request
+
+
 def _kill_when(kill: threading.Event, server: ServerProcess) -> None:
     kill.wait(60)
     server.kill()
@@ -159,17 +161,12 @@ def test_sigkill_mid_stream_loses_no_acknowledged_ledger_write(
     acked: dict[int, dpb.RecordObligationResponse] = {}
     outgoing: queue.SimpleQueue[object] = queue.SimpleQueue()
 
-    def feed() -> Iterator[dpb.CallStreamRequest]:
-        while (request := outgoing.get()) is not _END:
-            assert isinstance(request, dpb.CallStreamRequest)
-            yield request
-
     for position, record in enumerate(requests):
         outgoing.put(dpb.CallStreamRequest(correlation_id=position, record_obligation=record))
     ended = None
     with channel_to(server.address) as channel:
         try:
-            for answer in dpb_grpc.DeliveryServiceStub(channel).CallStream(feed()):
+            for answer in dpb_grpc.DeliveryServiceStub(channel).CallStream(_fed(outgoing)):
                 assert answer.WhichOneof("result") == "record_obligation", answer
                 acked[answer.correlation_id] = answer.record_obligation
                 if len(acked) == 5:
