@@ -18,6 +18,9 @@ Operations (`--only`):
   of its own (`bench.workloads.Append`);
 - `delivery`: one DeliveryService send cycle, RecordObligation → MarkAttempting →
   MarkDelivered (`bench.workloads.Cycle`), 3 RPCs;
+- `appends-stream`, `delivery2-stream` (not by default): 8 appends, or 8 delivery cycles
+  with record-and-begin (2 RPCs each), at once over CallStream as the clients carry
+  concurrent calls; per RPC, against the unary `appends` and `delivery`;
 - `noop`: `grpc.health.v1.Health/Check`, the baseline. It is counted on every
   server started, first, and each operation is related to the no-op of its own
   server per RPC (a delivery cycle against 3 no-ops).
@@ -289,6 +292,8 @@ class ServerCounts:
         return next((c for c in self.counts if c.op == "noop"), None)
 
 
+#: Operations at once in a `-stream` op (a gateway with 8 calls in flight).
+STREAM_LANES = 8
 #: One call of an operation; a closure that keeps its own sequence number.
 Call = Callable[[], Awaitable[Any]]
 
@@ -297,15 +302,31 @@ _OPERATIONS: dict[str, tuple[str, int, type[workloads.Workload]]] = {
     "noop": ("", 1, workloads.Noop),
     "appends": ("session", 1, workloads.Append),
     "delivery": ("delivery", 3, workloads.Cycle),
+    # STREAM_LANES operations at once, carried over CallStream as the clients carry them.
+    "appends-stream": ("session", STREAM_LANES, workloads.Append),
+    "delivery2-stream": ("delivery", 2 * STREAM_LANES, workloads.Cycle),
 }
 
 
 async def _call(channel: grpc.aio.Channel, op: str) -> Call:
-    """The workload of `op` prepared on `channel` (one lane), as one call."""
+    """The workload of `op` prepared on `channel` (one lane), as one call; a `-stream`
+    op: STREAM_LANES lanes' operations at once, over CallStream (a delivery one with
+    record-and-begin, 2 RPCs a cycle)."""
     workload = _OPERATIONS[op][2]()
-    await workload.prepare([channel], 1)
     sequence = itertools.count()
-    return lambda: workload.op(0, next(sequence))
+    if not op.endswith("-stream"):
+        await workload.prepare([channel], 1)
+        return lambda: workload.op(0, next(sequence))
+    workload.over_stream = True
+    if isinstance(workload, workloads.Cycle):
+        workload.begin_attempt = True
+    await workload.prepare([channel], STREAM_LANES)
+
+    async def together() -> None:
+        i = next(sequence)
+        await asyncio.gather(*(workload.op(lane, i) for lane in range(STREAM_LANES)))
+
+    return together
 
 
 async def _count_server(
@@ -490,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--calls", type=int, default=DEFAULT_CALLS, help="ops per counted window")
     parser.add_argument(
-        "--only", default=",".join(OPS), help=f"comma-separated, of {', '.join(OPS)}"
+        "--only",
+        default=",".join(OPS),
+        help=f"comma-separated, of {', '.join(_OPERATIONS)} (default: {', '.join(OPS)})",
     )
     parser.add_argument(
         "--windows", type=int, default=DEFAULT_WINDOWS, help="counted windows per op (>= 2)"
@@ -504,8 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     only = [op.strip() for op in args.only.split(",") if op.strip()]
-    if not only or any(op not in OPS for op in only):
-        parser.error(f"--only takes a comma-separated list of {', '.join(OPS)}")
+    if not only or any(op not in _OPERATIONS for op in only):
+        parser.error(f"--only takes a comma-separated list of {', '.join(_OPERATIONS)}")
     if args.calls < 1 or args.windows < 2:
         parser.error("--calls must be >= 1, --windows >= 2")
     plan = Plan(args.calls, args.windows)

@@ -102,11 +102,12 @@ def _flag(value: Any) -> str:
 def build(load: Load) -> workloads.Workload:
     """The workload `load` names, configured."""
     made: workloads.Workload = WORKLOADS[load.workload](request_ids=load.request_ids)
+    made.over_stream = load.workload.endswith("-stream")
     if isinstance(made, workloads.Noop):
         made.rpcs_per_op = load.rpcs
     elif isinstance(made, workloads.Turn):
         made.events = load.events
-    elif isinstance(made, workloads.Cycle) and load.workload == "cycle2":
+    elif isinstance(made, workloads.Cycle) and load.workload.startswith("cycle2"):
         made.begin_attempt, made.rpcs_per_op = True, 2
     elif isinstance(made, workloads.Claim):
         made.expect, made.limit = load.expect, load.limit
@@ -120,6 +121,8 @@ WORKLOADS: dict[str, type[workloads.Workload]] = {
     "cycle": workloads.Cycle,
     "cycle2": workloads.Cycle,
     "claim": workloads.Claim,
+    "append-stream": workloads.Append,
+    "cycle2-stream": workloads.Cycle,
 }
 
 

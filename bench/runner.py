@@ -130,7 +130,7 @@ def judge(sections: Sequence[Section], selected: Sequence[str]) -> list[goals.Ve
             sides[key] = goals.Side(key, missing=f"not measured ({section} {why})")
     for done in sections:
         sides.update(done.sides)
-    return goals.judge_all(sides, (*goals.GOALS, *goals.TARGETS))
+    return goals.judge_all(sides, (*goals.GOALS, *goals.TARGETS, *goals.GOALS_25))
 
 
 def run(args: argparse.Namespace, ctx: Context) -> tuple[list[Section], list[str], list[str]]:
@@ -181,6 +181,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "== Goals: Switchboard against peers and floors of this run ==\n" + "\n".join(goal_lines)
     )
     printed.append("== Targets set for this machine ==\n" + "\n".join(target_lines))
+    lines_25 = [
+        v.line.replace("goal: ", "goal (issue 25): ", 1)
+        for v in verdicts
+        if v.goal in goals.GOALS_25
+    ]
+    printed.append("== Goals of issue 25 (the gateway stream) ==\n" + "\n".join(lines_25))
     print("\n\n".join(printed))
     machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     busy = machine["loadavg"][0] > 0.5
@@ -199,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "sections": {section.key: section.data for section in sections},
         "goals": [v.to_json() for v in verdicts if v.goal in goals.GOALS],
         "targets": [v.to_json() for v in verdicts if v.goal in goals.TARGETS],
+        "goals_25": [v.to_json() for v in verdicts if v.goal in goals.GOALS_25],
         "notes": notes,
     }
     write_json(report, args.output)

@@ -13,6 +13,8 @@ same server:
 - sessions (`append`: one 100-byte USER message per durable call): load-for-next-turn
   (`turn`: GetSessionState + GetHistory(limit=50, newest), one client) on sessions of
   100, 1,000 (and 10,000) events; floor: one log-row INSERT per transaction (peewee);
+- both: the service's writes as a gateway with 8 calls in flight sends them, over one
+  channel's CallStream (`append-stream`; `cycle2-stream`, record-and-begin) at 8 clients;
 - on the first backend, the no-op ceiling: as many Health/Check calls per operation
   as the real one makes RPCs, at 1 and 8 clients: what the gRPC layer alone allows.
 """
@@ -32,6 +34,12 @@ from bench.servers import Backend
 from bench.stats import Measurement
 
 CONCURRENT = 8
+#: Each service's workload over CallStream, and how its rows are labelled.
+STREAMED = {"delivery": "cycle2-stream", "sessions": "append-stream"}
+STREAM_LABEL = {
+    "delivery": "2 RPCs (begin_attempt) over CallStream",
+    "sessions": "over CallStream",
+}
 MANY = 32
 #: The session size whose next-turn load the goal lines compare.
 TURN_EVENTS = 1000
@@ -139,6 +147,9 @@ def _configuration(service: Service, backend: Backend, ctx: Context, noop: bool)
                 measured(load(workload="turn", events=events), f"{backend.label} load @{events:,}")
                 for events in ctx.scale.pick((100, 1000, 10_000), (100, 1000), (TURN_EVENTS,))
             ]
+        # What a gateway with 8 calls in flight sends: one channel, one CallStream.
+        streamed = load(workload=STREAMED[service.key], clients=CONCURRENT, channels=1)
+        extras.append(measured(streamed, f"{backend.label}, {STREAM_LABEL[service.key]}"))
         ceiling = [
             measured(
                 load(workload="noop", rpcs=service.noop_rpcs, clients=c, channels=kept.channels),
@@ -242,11 +253,34 @@ def _sides(
             "delivery-floor-postgres": _side(
                 "raw psycopg2 floor", floors_by_key.get("postgres"), ctx.missing("postgres")
             ),
+            "delivery-8-stream-sqlite": _side(
+                "delivery cycles (record-and-begin over CallStream), 8 clients (SQLite FULL)",
+                _streamed(full),
+                ctx.missing("sqlite-full"),
+            ),
+            "delivery-8-stream-postgres": _side(
+                "delivery cycles (record-and-begin over CallStream), 8 clients (Postgres)",
+                _streamed(postgres),
+                ctx.missing("postgres"),
+            ),
         }
     turn = _turn_at(full, TURN_EVENTS)
     return {
         "appends-1": _side("AppendEvents, 1 client", _kept(full, 0), ctx.missing("sqlite-full")),
         "appends-8": _side("AppendEvents, 8 clients", _kept(full, 1), ctx.missing("sqlite-full")),
+        "appends-8-stream": _side(
+            "AppendEvents over CallStream, 8 clients (SQLite FULL)",
+            _streamed(full),
+            ctx.missing("sqlite-full"),
+        ),
+        "appends-8-stream-postgres": _side(
+            "AppendEvents over CallStream, 8 clients (Postgres)",
+            _streamed(postgres),
+            ctx.missing("postgres"),
+        ),
+        "appends-floor-postgres": _side(
+            "peewee insert floor (Postgres)", floors_by_key.get("postgres"), ctx.missing("postgres")
+        ),
         "turn-1000": _side(
             f"load-for-next-turn p50 @{TURN_EVENTS:,}",
             turn,
@@ -260,6 +294,11 @@ def _sides(
 
 def _kept(config: dict[str, Any] | None, index: int) -> Measurement | None:
     return config["kept"][index] if config else None
+
+
+def _streamed(config: dict[str, Any] | None) -> Measurement | None:
+    """The configuration's run over CallStream (its last extra)."""
+    return config["extras"][-1] if config else None
 
 
 def _turn_at(config: dict[str, Any] | None, events: int) -> Measurement | None:
@@ -283,6 +322,15 @@ SIDES = {
         "delivery-floor-sqlite",
         "delivery-8-postgres",
         "delivery-floor-postgres",
+        "delivery-8-stream-sqlite",
+        "delivery-8-stream-postgres",
     ),
-    "sessions": ("appends-1", "appends-8", "turn-1000"),
+    "sessions": (
+        "appends-1",
+        "appends-8",
+        "turn-1000",
+        "appends-8-stream",
+        "appends-8-stream-postgres",
+        "appends-floor-postgres",
+    ),
 }

@@ -17,6 +17,9 @@ how many items it completed: 1, or for a claim the rows it claimed.
   MarkAttempting -> MarkDelivered, each a durable transaction, for the lane's own
   gateway instance; `cycle2` the same transitions in 2 RPCs (record with
   begin_attempt, then MarkDelivered);
+- `append-stream`, `cycle2-stream`: `append` and `cycle2` sent as the Python clients send
+  them when several calls are in flight: carried over one CallStream per channel
+  (`switchboard_client._stream`);
 - `claim`: ClaimRecoverable(limit) back to back until a call claims nothing, by one
   rescuing instance of the crashed gateway whose `expect` orphans were seeded
   (`bench.seeding.seed_orphans`); every id must come back once, ATTEMPTING under it.
@@ -34,6 +37,8 @@ from typing import Any
 import grpc
 from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from switchboard_client._stream import AsyncStreamCalls
+from switchboard_client.errors import SwitchboardError
 
 from bench.stats import Window, percentile
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
@@ -82,6 +87,26 @@ class Workload:
 
     request_ids: bool = False
     rpcs_per_op: float = 1
+    #: Writes go as the clients send concurrent ones: over CallStream, one per channel.
+    over_stream: bool = False
+    carriers: list[AsyncStreamCalls] = field(default_factory=list)
+
+    def carry(self, channels: Sequence[grpc.aio.Channel]) -> None:
+        """One CallStream carrier per channel (used with `over_stream`)."""
+        self.carriers = [AsyncStreamCalls(channel, ()) for channel in channels]
+
+    async def write(self, lane: int, method: Any, request: Any) -> Any:
+        """One write: the unary `method`, or with `over_stream` the lane's carrier, which
+        carries it while another call is in flight (as the clients do)."""
+        if not self.over_stream:
+            return await method(request, timeout=RPC_TIMEOUT_S)
+        carrier = self.carriers[lane % len(self.carriers)]
+        try:
+            return await carrier.attempt(
+                request, RPC_TIMEOUT_S, lambda: method(request, timeout=RPC_TIMEOUT_S)
+            )
+        except SwitchboardError as error:  # the loop counts RuntimeErrors as failed ops
+            raise RuntimeError(str(error)) from error
 
     async def prepare(self, channels: Sequence[grpc.aio.Channel], lanes: int) -> None:
         """Setup before the clock starts, for `lanes` lanes over `channels`."""
@@ -140,6 +165,7 @@ class Append(Workload):
 
     async def prepare(self, channels: Sequence[grpc.aio.Channel], lanes: int) -> None:
         stubs = [spb_grpc.SessionServiceStub(channel) for channel in channels]
+        self.carry(channels)
         self.agent = await create_agent(stubs[0])
         for lane in range(lanes):
             stub = stubs[lane % len(stubs)]
@@ -147,14 +173,15 @@ class Append(Workload):
 
     async def op(self, lane: int, i: int) -> int:
         stub, session_id = self.lanes[lane]
-        response = await stub.AppendEvents(
+        response = await self.write(
+            lane,
+            stub.AppendEvents,
             spb.AppendEventsRequest(
                 agent=self.agent,
                 session_id=session_id,
                 events=[message_event(lane, i)],
                 request_id=self.request_id(),
             ),
-            timeout=RPC_TIMEOUT_S,
         )
         if len(response.events) != 1:
             raise RuntimeError(f"append {i} of lane {lane} answered {len(response.events)} events")
@@ -253,6 +280,7 @@ class Cycle(Workload):
 
     async def prepare(self, channels: Sequence[grpc.aio.Channel], lanes: int) -> None:
         stubs = [dpb_grpc.DeliveryServiceStub(channel) for channel in channels]
+        self.carry(channels)
         for lane in range(lanes):
             stub = stubs[lane % len(stubs)]
             self.lanes.append((stub, await register_instance(stub, "bench-gateway")))
@@ -261,7 +289,9 @@ class Cycle(Workload):
         """RecordObligation (content unique per tag, lane, i) -> MarkAttempting ->
         MarkDelivered; with `begin_attempt` the record goes straight to ATTEMPTING."""
         stub, instance_id = self.lanes[lane]
-        recorded = await stub.RecordObligation(
+        recorded = await self.write(
+            lane,
+            stub.RecordObligation,
             dpb.RecordObligationRequest(
                 instance_id=instance_id,
                 session_key=f"agent:bench:slack:channel:C{lane}",
@@ -273,22 +303,24 @@ class Cycle(Workload):
                 begin_attempt=self.begin_attempt,
                 request_id=self.request_id(),
             ),
-            timeout=RPC_TIMEOUT_S,
         )
         row = recorded.obligation
         if not recorded.created:
             raise RuntimeError(f"obligation {row.id} existed already: contents not unique")
         if not self.begin_attempt:
-            await stub.MarkAttempting(
+            await self.write(
+                lane,
+                stub.MarkAttempting,
                 dpb.MarkAttemptingRequest(
                     obligation_id=row.id,
                     instance_id=instance_id,
                     fence=row.fence,
                     request_id=self.request_id(),
                 ),
-                timeout=RPC_TIMEOUT_S,
             )
-        delivered = await stub.MarkDelivered(
+        delivered = await self.write(
+            lane,
+            stub.MarkDelivered,
             dpb.MarkDeliveredRequest(
                 obligation_id=row.id,
                 instance_id=instance_id,
@@ -296,7 +328,6 @@ class Cycle(Workload):
                 platform_message_id=f"pm-{lane}-{i}",
                 request_id=self.request_id(),
             ),
-            timeout=RPC_TIMEOUT_S,
         )
         if delivered.obligation.state != dpb.OBLIGATION_STATE_DELIVERED:
             raise RuntimeError(f"obligation {row.id} is not delivered after MarkDelivered")

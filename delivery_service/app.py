@@ -17,9 +17,11 @@ from delivery_service.state_machine import LedgerLimits
 from delivery_service.store import LedgerStore
 from switchboard import migrations
 from switchboard.backends import open_backend
+from switchboard.call_stream import CarriedCalls
 from switchboard.database import Backend, DatabaseSettings, SettingsMismatch
 from switchboard.delivery.v1 import delivery_service_pb2, delivery_service_pb2_grpc
 from switchboard.idempotency import LEDGER_REQUESTS, RequestStore
+from switchboard.interceptor_chain import InterceptorChain
 from switchboard.runner import TransactionRunner
 from switchboard.shared_settings import SharedSettings, shared
 
@@ -93,9 +95,13 @@ class DeliveryUnit:
         self.ledger = Ledger(self.runner, self.store, self.limits, redactor)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        delivery_service_pb2_grpc.add_DeliveryServiceServicer_to_server(
-            DeliveryServicer(self.ledger, self.requests), server
-        )
+        self.servicer = DeliveryServicer(self.ledger, self.requests)
+        delivery_service_pb2_grpc.add_DeliveryServiceServicer_to_server(self.servicer, server)
+
+    def carry_calls_through(self, chain: InterceptorChain) -> CarriedCalls:
+        """CallStream serves the calls it carries through the server's interceptors."""
+        self.servicer.carried.serve_through(chain)
+        return self.servicer.carried
 
     def close(self) -> None:
         self.runner.close()

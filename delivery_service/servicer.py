@@ -7,7 +7,7 @@ plain `Caller` here; the ledger's rules decide what it may do.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
@@ -24,6 +24,7 @@ from delivery_service.records import (
 )
 from delivery_service.state_machine import State
 from switchboard import auth, validation
+from switchboard.call_stream import CarriedCalls
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from switchboard.errors import InvalidArgument
@@ -154,6 +155,18 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
     def __init__(self, ledger: Ledger, requests: RequestStore) -> None:
         self.ledger = ledger
         self.requests = requests
+        self.carried = CarriedCalls(
+            pb.DESCRIPTOR.services_by_name["DeliveryService"],
+            lambda server: pb_grpc.add_DeliveryServiceServicer_to_server(self, server),
+            pb.CallStreamResponse,
+        )
+
+    async def CallStream(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.CallStreamRequest], context: Context
+    ) -> AsyncIterator[pb.CallStreamResponse]:
+        """Ledger calls carried over one stream (`switchboard.call_stream`)."""
+        async for answer in self.carried.serve(request_iterator, context):
+            yield answer  # type: ignore[misc]
 
     @mutation(with_instance(pb.RegisterInstanceResponse))
     async def RegisterInstance(  # noqa: N802

@@ -21,8 +21,10 @@ from session_service.servicer import SessionServicer
 from session_service.storage.erasure_store import REQUEST_SUBJECTS
 from switchboard import migrations
 from switchboard.backends import open_backend
+from switchboard.call_stream import CarriedCalls
 from switchboard.database import Backend, DatabaseSettings, SettingsMismatch
 from switchboard.idempotency import SESSION_REQUESTS, RequestStore
+from switchboard.interceptor_chain import InterceptorChain
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
 from switchboard.shared_settings import SESSION_SETTINGS, Shared, SharedSettings
 
@@ -110,9 +112,13 @@ class SessionUnit:
         key_migration.announce(self.store)
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        session_service_pb2_grpc.add_SessionServiceServicer_to_server(
-            SessionServicer(build_parts(self.core), self.requests), server
-        )
+        self.servicer = SessionServicer(build_parts(self.core), self.requests)
+        session_service_pb2_grpc.add_SessionServiceServicer_to_server(self.servicer, server)
+
+    def carry_calls_through(self, chain: InterceptorChain) -> CarriedCalls:
+        """CallStream serves the calls it carries through the server's interceptors."""
+        self.servicer.carried.serve_through(chain)
+        return self.servicer.carried
 
     def close(self) -> None:
         self.core.watching.close()

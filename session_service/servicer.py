@@ -21,6 +21,7 @@ from session_service.storage.records_store import RecordQuery
 from session_service.stored_records import ListRequest
 from session_service.time_travel import Move
 from switchboard import auth, validation
+from switchboard.call_stream import CarriedCalls
 from switchboard.idempotency import RequestStore
 from switchboard.mutations import Mutations
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -226,6 +227,18 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         self.stored_records = parts.stored_records
         self.erasures = parts.erasures
         self._watched = _Converted()
+        self.carried = CarriedCalls(
+            pb.DESCRIPTOR.services_by_name["SessionService"],
+            lambda server: pb_grpc.add_SessionServiceServicer_to_server(self, server),
+            pb.CallStreamResponse,
+        )
+
+    async def CallStream(  # noqa: N802
+        self, request_iterator: AsyncIterator[pb.CallStreamRequest], context: Context
+    ) -> AsyncIterator[pb.CallStreamResponse]:
+        """AppendEvents and PostToInbox carried over one stream (`switchboard.call_stream`)."""
+        async for answer in self.carried.serve(request_iterator, context):
+            yield answer  # type: ignore[misc]
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=_agent(agent)))
     async def CreateAgent(  # noqa: N802

@@ -38,6 +38,11 @@ class InterceptorChain(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:  # no such method: gRPC answers UNIMPLEMENTED
             return None
+        return self.handler_for(handler_call_details, handler)
+
+    def handler_for(self, details: grpc.HandlerCallDetails, handler: Handler) -> Handler:
+        """`handler` as the stages make it for this call (`switchboard.call_stream`
+        serves the calls it carries through this too)."""
         for stage in self._innermost_first:
-            handler = stage.handler_for(handler_call_details, handler)
+            handler = stage.handler_for(details, handler)
         return handler

@@ -24,6 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client.metrics_core import Metric
 
 from switchboard.auth import AuthInterceptor, Grant, quiet_grpc_decode_errors
+from switchboard.call_stream import CarriedCalls
 from switchboard.concurrency import UnaryLimitInterceptor
 from switchboard.deadlines import DeadlineInterceptor
 from switchboard.grpc_errors import DomainErrorInterceptor
@@ -156,6 +157,8 @@ class GrpcApp:
         self._probe_now = asyncio.Event()
         self._last_probe_error = ""
         self._stopping = False
+        #: The units' CallStream carriers, drained first when the server stops.
+        self._carriers: list[CarriedCalls] = []
         # One thread: a probe stuck on a black-holed database never stacks up others.
         self._prober = ThreadPoolExecutor(max_workers=1, thread_name_prefix="health-probe")
 
@@ -176,10 +179,15 @@ class GrpcApp:
             observer = ObservabilityInterceptor(settings.metrics, access, auth.principal_of)
             interceptors.insert(0, observer)
         quiet_grpc_decode_errors()
-        self.server = grpc.aio.server(
-            interceptors=[InterceptorChain(interceptors)], options=channel_options(settings)
-        )
+        chain = InterceptorChain(interceptors)
+        self.server = grpc.aio.server(interceptors=[chain], options=channel_options(settings))
         self.unit.add_to_server(self.server)
+        # A unit with a CallStream serves the calls it carries through the same chain.
+        carry_calls_through = getattr(self.unit, "carry_calls_through", None)
+        if carry_calls_through is not None:
+            carrier: CarriedCalls = carry_calls_through(chain)
+            carrier.max_stream_age_s = settings.max_connection_age_s / 2
+            self._carriers.append(carrier)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
             (
@@ -259,6 +267,8 @@ class GrpcApp:
             self._monitor.cancel()
             await asyncio.wait({self._monitor}, timeout=self.settings.health_probe_timeout_s + 1)
         await self.health.enter_graceful_shutdown()
+        for carrier in self._carriers:  # streams end once their calls in flight are answered
+            carrier.drain()
         await self.server.stop(self.settings.drain_grace_s)
         await asyncio.to_thread(self.unit.close)
         self._prober.shutdown(wait=False)

@@ -116,6 +116,8 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "PruneObligations": ADMIN_ONLY,
     "HandOverObligations": ADMIN_ONLY,
     "ListInstances": ADMIN_ONLY,  # every principal's instances
+    # Both services': the calls each carries answer as their unary rows (`_carried`).
+    "CallStream": FOR_ITS_AGENTS,
 }
 
 _CODES = {
@@ -280,6 +282,54 @@ def _call_session(world: World, rpc: str, request: Any) -> Call:
             answer.cancel()
 
     return call
+
+
+class _CarriedError(grpc.RpcError):
+    """A call's error as a CallStream answered it (code and message of a google.rpc.Status)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self._code = next(c for c in grpc.StatusCode if c.value[0] == code)
+        self._message = message
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._message
+
+
+def _carried_answer(call_stream: Any, request: Any, metadata: Any) -> Any:
+    (answer,) = call_stream(iter([request]), metadata=metadata)
+    if answer.WhichOneof("result") == "error":
+        raise _CarriedError(answer.error.code, answer.error.message)
+    return answer
+
+
+def _carried(world: World, owner: str, principal: str) -> Cell:
+    """AppendEvents over the SessionService's CallStream and RecordObligation over the
+    DeliveryService's, both on the owner's resources: each answers as its unary row."""
+    append = SESSION_REQUESTS["AppendEvents"](owner, world.session_of(owner))
+    instance_id = world.instance_of(principal, _gateway_name(principal, owner))
+    record = _record(instance_id, owner)
+
+    def call(metadata: tuple[tuple[str, str], ...]) -> Any:
+        outcomes = []
+        for stream, request in (
+            (world.sessions.CallStream, pb.CallStreamRequest(append_events=append)),
+            (world.delivery.CallStream, dpb.CallStreamRequest(record_obligation=record)),
+        ):
+            try:
+                outcomes.append(("OK", _carried_answer(stream, request, metadata)))
+            except grpc.RpcError as error:
+                outcomes.append((error.code().name, error))
+        if outcomes[0][0] != outcomes[1][0]:
+            raise _CarriedError(2, f"the two streams disagree: {outcomes}")  # UNKNOWN
+        if isinstance(outcomes[0][1], grpc.RpcError):
+            raise outcomes[0][1]
+        return outcomes[0][1]
+
+    return Cell(call)
 
 
 def _session_cell(rpc: str) -> Builder:
@@ -535,6 +585,7 @@ BUILDERS: dict[str, Builder] = {
     ),
     "HandOverObligations": _handed_over,
     "ListInstances": _listed_instances,
+    "CallStream": _carried,
 }
 
 

@@ -60,6 +60,14 @@ def test_the_runner_measures_both_services_and_prints_every_goal_line(
     lines = printed.splitlines()
     assert len([line for line in lines if line.startswith("goal: ")]) == len(goals.GOALS)
     assert len([line for line in lines if line.startswith("target: ")]) == len(goals.TARGETS)
+    issue_25 = [line for line in lines if line.startswith("goal (issue 25): ")]
+    assert len(issue_25) == len(goals.GOALS_25)
+    streamed = (
+        "delivery-8-stream-sqlite" if backend is SQLITE_FULL else "delivery-8-stream-postgres"
+    )
+    [judged_25] = [g for g in goals.GOALS_25 if g.ours == streamed and g.theirs.startswith("deliv")]
+    assert any(line.startswith(f"goal (issue 25): {judged_25.text}: ") for line in issue_25)
+    assert any("MET (" in line for line in issue_25 if judged_25.text in line)
     floor_goal = "delivery-8-sqlite" if backend is SQLITE_FULL else "delivery-8-postgres"
     [judged] = [g for g in goals.GOALS if g.ours == floor_goal and g.theirs.startswith("delivery")]
     assert any(line.startswith(f"goal: {judged.text}: ") and "MET (" in line for line in lines)
@@ -69,12 +77,16 @@ def test_the_runner_measures_both_services_and_prints_every_goal_line(
     assert [run["clients"] for run in delivery["runs"]] == [1, 8]
     assert all(_measured(run) for run in delivery["runs"] + delivery["extras"] + delivery["noop"])
     assert delivery["extras"][0]["rpcs_per_cycle"] == 2  # the begin_attempt cycle
+    assert delivery["extras"][-1]["name"].endswith("over CallStream")  # ... carried
     [claimed] = saved["sections"]["claim"]["configurations"]
     assert claimed["claim"]["cycles"] == claimed["floor"]["cycles"] == 300
     assert claimed["claim"]["errors"] == 0
     [sessions] = saved["sections"]["sessions"]["configurations"]
     assert all(_measured(run) for run in sessions["runs"] + sessions["extras"])
-    assert [turn["extra"]["events"] for turn in sessions["extras"]] == [1000]
+    *turns, streamed_appends = sessions["extras"]
+    assert [turn["extra"]["events"] for turn in turns] == [1000]
+    assert streamed_appends["name"].endswith("over CallStream")
+    assert streamed_appends["clients"] == 8 and streamed_appends["channels"] == 1
     assert saved["notes"] == [] or all("busy" in note for note in saved["notes"])
     drawn = {path.name for path in tmp_path.glob("*.png")}
     assert drawn == {"delivery-cycles-vs-clients.png", "session-appends-vs-clients.png"}

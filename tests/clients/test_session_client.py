@@ -55,7 +55,8 @@ WRITES = {
 }
 RETRIED = READS | WRITES
 NOT_RETRIED: set[str] = set()
-STREAMING = {"WatchEvents"}
+#: Long-lived: WatchEvents, and CallStream (the clients' carrier of concurrent writes).
+STREAMING = {"WatchEvents", "CallStream"}
 
 
 def raised(error: pytest.ExceptionInfo[SwitchboardError]) -> tuple[grpc.StatusCode, str]:

@@ -13,8 +13,9 @@ from google.protobuf import text_format
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
 
-from tests.fuzz.hostile import EXAMPLES
+from tests.fuzz.hostile import EXAMPLES, S
 from tests.status import error_details
 
 #: A unary call that takes longer than this is a hang, not an answer.
@@ -130,8 +131,56 @@ class Answer:
     streaming: bool = False
 
 
+class CarriedError(grpc.RpcError):
+    """A call's error as CallStream answered it, read like the unary call's: its code,
+    message and google.rpc.Status (as the unary call's grpc-status-details-bin)."""
+
+    def __init__(self, status: Any) -> None:
+        super().__init__(status.message)
+        self._status = status
+
+    def code(self) -> grpc.StatusCode:
+        return next(c for c in grpc.StatusCode if c.value[0] == self._status.code)
+
+    def details(self) -> str:
+        return str(self._status.message)
+
+    def trailing_metadata(self) -> Any:
+        return (("grpc-status-details-bin", self._status.SerializeToString()),)
+
+
+def carried(carrier: Callable[..., Any], request: Message) -> Answer:
+    """One call over a CallStream (`request`: a CallStreamRequest): its answer's
+    response, or its error as the unary call would have raised it."""
+    try:
+        (answer,) = carrier(iter([request]), timeout=CALL_TIMEOUT_S)
+    except grpc.RpcError as error:
+        return Answer(error=error)
+    kind = answer.WhichOneof("result")
+    if kind == "error":
+        return Answer(error=CarriedError(answer.error))
+    return Answer(response=getattr(answer, kind))
+
+
+def carried_calls(request_class: Any, service: Any, requests: Any, seed: Any) -> S[Message]:
+    """CallStream requests (`request_class`): each call the stream carries, with its
+    RPC's fuzzed requests (`requests[rpc](seed)`), or none; answered as the unary
+    calls are checked (`carried`)."""
+    rpc_of = {method.input_type.full_name: method.name for method in service.methods}
+    calls = [
+        st.builds(
+            lambda carried, name=field.name: request_class(**{name: carried}),
+            requests[rpc_of[field.message_type.full_name]](seed),
+        )
+        for field in request_class.DESCRIPTOR.oneofs_by_name["call"].fields
+    ]
+    return st.one_of(*calls, st.just(request_class()))
+
+
 def call(stub: Any, method: MethodDescriptor, request: Message) -> Answer:
     rpc: Callable[..., Any] = getattr(stub, method.name)
+    if method.client_streaming:
+        return carried(rpc, request)
     streaming = method.server_streaming
     try:
         if not streaming:

@@ -26,6 +26,7 @@ from tests.fuzz.checks import (
     Answer,
     KnownBug,
     backend_of,
+    carried_calls,
     check_repro,
     check_request_table,
     describe,
@@ -301,6 +302,9 @@ REQUESTS: Final[dict[str, RequestStrategy]] = {
         )
     ),
 }
+
+
+REQUESTS["CallStream"] = lambda seed: carried_calls(pb.CallStreamRequest, SERVICE, REQUESTS, seed)
 
 #: RPCs that never write, whatever they answer.
 READ_ONLY: Final = frozenset(

@@ -19,6 +19,7 @@ import * as grpc from '@grpc/grpc-js';
 
 import { toSwitchboardError } from './errors.js';
 import { loadDefinitions } from './protos.js';
+import { StreamCalls } from './stream.js';
 
 /** Unary calls fail with DEADLINE_EXCEEDED after this long unless told otherwise. */
 export const DEFAULT_DEADLINE_MS = 5000;
@@ -106,6 +107,8 @@ export class BaseClient {
     this.deadlineMs = options.deadlineMs ?? DEFAULT_DEADLINE_MS;
     /** Attempts of a call that writes. */
     this.mutationAttempts = Math.max(1, options.mutationAttempts ?? DEFAULT_MUTATION_ATTEMPTS);
+    /** Carries writes over CallStream while other calls are in flight (./stream.js). */
+    this.streamCalls = new StreamCalls(this);
   }
 
   /**
@@ -139,7 +142,20 @@ export class BaseClient {
 
   /** Closes the channel; calls in flight are cancelled. */
   close() {
+    this.streamCalls.close();
     this.stub.close();
+  }
+
+  /**
+   * The raw CallStream (a grpc-js duplex stream of CallStreamRequest and
+   * CallStreamResponse). The client's calls use it on their own when several are
+   * in flight; this is for callers that manage correlation ids themselves.
+   * @param {CallOptions} [options]
+   * @returns {grpc.ClientDuplexStream<any, any>}
+   */
+  callStream(options = {}) {
+    const { metadata, callOptions } = this._prepare(options, false);
+    return this.stub.CallStream(metadata, callOptions);
   }
 
   /**
@@ -197,7 +213,21 @@ export class BaseClient {
    * @returns {Promise<any>}
    */
   _attempt(method, request, options) {
-    const { metadata, callOptions } = this._prepare(options, true);
+    const prepared = this._prepare(options, true);
+    return this.streamCalls.attempt(method, request, options, prepared, () =>
+      this._unaryAttempt(method, request, options, prepared),
+    );
+  }
+
+  /**
+   * One attempt of a unary call, as a unary RPC.
+   * @param {string} method
+   * @param {object} request
+   * @param {CallOptions} options
+   * @param {{ metadata: grpc.Metadata, callOptions: grpc.CallOptions }} prepared
+   * @returns {Promise<any>}
+   */
+  _unaryAttempt(method, request, options, { metadata, callOptions }) {
     return new Promise((resolve, reject) => {
       const signal = options.signal;
       if (signal?.aborted) {

@@ -40,6 +40,7 @@ import grpc
 from google.protobuf import duration_pb2
 
 from switchboard_client._calls import Call, Pages
+from switchboard_client._stream import AsyncStreamCalls, StreamCalls
 from switchboard_client.errors import SwitchboardError, from_rpc_error
 
 #: Ceiling for any call on a channel built from a service config; the per-call deadline
@@ -104,7 +105,8 @@ def service_config(
             "retryPolicy": copy.deepcopy(RETRY_POLICY),
         },
     ]
-    streams = [{"service": service, "method": method} for method in unbounded]
+    # CallStream (`_stream`) lives as long as the client: each carried call has its own deadline.
+    streams = [{"service": service, "method": m} for m in [*unbounded, "CallStream"]]
     if streams:
         entries.append({"name": streams})
     return {"methodConfig": entries}
@@ -222,9 +224,11 @@ class BaseClient(_Client):
             options = channel_options(self.SERVICE_CONFIG)
             channel = grpc.insecure_channel(target, options=options)
         super().__init__(channel, owned, timeout_s, best_effort_timeout_s, token, mutation_attempts)
+        self._stream_calls = StreamCalls(self._channel, self._metadata)
 
     def close(self) -> None:
         """Closes the channel this client created (not one passed in)."""
+        self._stream_calls.close()
         if self._owns_channel:
             self._channel.close()
 
@@ -281,6 +285,16 @@ class BaseClient(_Client):
         request: _Request,
         timeout: float,
     ) -> _Response:
+        return self._stream_calls.attempt(
+            request, timeout, lambda: self._unary_attempt(method, request, timeout)
+        )
+
+    def _unary_attempt(
+        self,
+        method: grpc.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        timeout: float,
+    ) -> _Response:
         try:
             return method(request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as error:
@@ -322,9 +336,11 @@ class AsyncBaseClient(_Client):
                 target, options=channel_options(self.SERVICE_CONFIG)
             )
         super().__init__(channel, owned, timeout_s, best_effort_timeout_s, token, mutation_attempts)
+        self._stream_calls = AsyncStreamCalls(self._channel, self._metadata)
 
     async def close(self) -> None:
         """Closes the channel this client created (not one passed in)."""
+        self._stream_calls.close()
         if self._owns_channel:
             await self._channel.close()
 
@@ -372,6 +388,16 @@ class AsyncBaseClient(_Client):
         raise AssertionError("unreachable")
 
     async def _attempt(
+        self,
+        method: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response],
+        request: _Request,
+        timeout: float,
+    ) -> _Response:
+        return await self._stream_calls.attempt(
+            request, timeout, lambda: self._unary_attempt(method, request, timeout)
+        )
+
+    async def _unary_attempt(
         self,
         method: grpc.aio.UnaryUnaryMultiCallable[_Request, _Response],
         request: _Request,

@@ -9,7 +9,7 @@ the human-readable `message`.
 from __future__ import annotations
 
 import grpc
-from google.rpc import error_details_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 
@@ -70,6 +70,11 @@ def from_rpc_error(error: grpc.RpcError) -> SwitchboardError:
         status = None
     if status is None:
         return SwitchboardError(code, message)
+    return from_status(code, message, status)
+
+
+def from_status(code: grpc.StatusCode, message: str, status: status_pb2.Status) -> SwitchboardError:
+    """The error of a google.rpc.Status (its details: ErrorInfo, BadRequest)."""
     reason = ""
     metadata: dict[str, str] = {}
     fields: list[str] = []

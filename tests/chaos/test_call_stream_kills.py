@@ -1,0 +1,191 @@
+"""SIGKILL a service while writes stream over CallStream (SessionService appends,
+DeliveryService record-and-begin).
+
+The stream ends UNAVAILABLE; every write it acknowledged before the kill is there after
+a restart, and the ones left unanswered, retried unary with their request ids, are
+written once each: nothing acknowledged is lost, nothing is written twice.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+
+from switchboard.delivery.v1 import delivery_service_pb2 as dpb
+from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
+from switchboard.session.v1 import session_service_pb2 as spb
+from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
+from tests.chaos.common import DEADLINE, ROUNDS, Processes, channel_to, wait_for
+from tests.harness import ServerProcess
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow, DEADLINE]
+
+_END = object()
+
+
+def _append(session_id: str, token: str) -> spb.AppendEventsRequest:
+    message = spb.Message(role=spb.ROLE_USER, content=token)
+    event = spb.SessionEventInput(message_appended=spb.MessageAppended(message=message))
+    return spb.AppendEventsRequest(
+        agent="main", session_id=session_id, events=[event], request_id=str(uuid.uuid4())
+    )
+
+
+def _stream_until_killed(
+    stub: spb_grpc.SessionServiceStub,
+    requests: list[spb.AppendEventsRequest],
+    kill: threading.Event,
+) -> tuple[set[int], grpc.StatusCode | None]:
+    """Sends the appends over one stream, many in flight, and reads answers until the
+    stream breaks; returns the positions acknowledged and how the stream ended."""
+    outgoing: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    for position, append in enumerate(requests):
+        outgoing.put(spb.CallStreamRequest(correlation_id=position, append_events=append))
+    acked: set[int] = set()
+    try:
+        for answer in stub.CallStream(_fed(outgoing)):
+            assert answer.WhichOneof("result") == "append_events", answer
+            acked.add(answer.correlation_id)
+            if len(acked) == 5:
+                kill.set()  # some are acknowledged: now kill with the rest in flight
+            if len(acked) == len(requests):
+                outgoing.put(_END)
+    except grpc.RpcError as ended:
+        return acked, ended.code()
+    return acked, None
+
+
+def test_sigkill_mid_stream_loses_no_acknowledged_append(
+    database_url: str, processes: Processes
+) -> None:
+    server = processes.server(database_url, service="session")
+    with channel_to(server.address) as channel:
+        stub = spb_grpc.SessionServiceStub(channel)
+        stub.CreateAgent(spb.CreateAgentRequest(agent=spb.Agent(name="main")), timeout=10)
+        source = spb.Source(transport="web", conversation_id="streamed")
+        session_id = stub.ResolveSession(
+            spb.ResolveSessionRequest(agent="main", source=source), timeout=10
+        ).session.session_id
+    sent: list[spb.AppendEventsRequest] = []
+    for round_no in range(ROUNDS):
+        requests = [_append(session_id, f"r{round_no}-{n}") for n in range(400)]
+        sent += requests
+        kill = threading.Event()
+        killer = threading.Thread(target=_kill_when, args=(kill, server))
+        killer.start()
+        with channel_to(server.address) as channel:
+            acked, ended = _stream_until_killed(
+                spb_grpc.SessionServiceStub(channel), requests, kill
+            )
+        killer.join(60)
+        assert ended == grpc.StatusCode.UNAVAILABLE, "the kill ended the stream"
+        assert 5 <= len(acked) < len(requests), "the kill came mid-stream"
+        server.start()
+        with channel_to(server.address) as channel:
+            stub = spb_grpc.SessionServiceStub(channel)
+            _wait_until_serving(stub, session_id)
+            history = _contents(stub, session_id)
+            acknowledged = {requests[p].events[0].message_appended.message.content for p in acked}
+            assert acknowledged <= set(history), "every acknowledged append survived the kill"
+            for request in requests:  # every one again, by its request id: once each
+                stub.AppendEvents(request, timeout=10)
+            history = _contents(stub, session_id)
+    tokens = [request.events[0].message_appended.message.content for request in sent]
+    assert sorted(history) == sorted(tokens), "each append logged exactly once"
+
+
+def _contents(stub: spb_grpc.SessionServiceStub, session_id: str) -> list[str]:
+    contents: list[str] = []
+    request = spb.GetHistoryRequest(agent="main", session_id=session_id, limit=1000)
+    while True:
+        page = stub.GetHistory(request, timeout=10)
+        contents += [item.message.content for item in page.messages]
+        if not page.next_page_token:
+            return contents
+        request.page_token = page.next_page_token
+
+
+def _fed(outgoing: queue.SimpleQueue[object]) -> Iterator[Any]:
+    """The requests put on `outgoing`, as a stream's request iterator, until `_END`."""
+    while (request := outgoing.get()) is not _END:
+        yield request
+
+
+def _kill_when(kill: threading.Event, server: ServerProcess) -> None:
+    kill.wait(60)
+    server.kill()
+
+
+def _wait_until_serving(stub: spb_grpc.SessionServiceStub, session_id: str) -> None:
+    request = spb.GetSessionRequest(agent="main", session_id=session_id)
+    wait_for(lambda: stub.GetSession(request, timeout=5), 30, "the restarted server")
+
+
+def _record(instance_id: str, n: int) -> dpb.RecordObligationRequest:
+    return dpb.RecordObligationRequest(
+        instance_id=instance_id,
+        session_key=f"agent:main:slack:dm:U{n}",
+        message_ref=f"m{n}",
+        content=f"reply {n}",
+        platform="slack",
+        chat_id=f"U{n}",
+        begin_attempt=True,
+        request_id=str(uuid.uuid4()),
+    )
+
+
+def test_sigkill_mid_stream_loses_no_acknowledged_ledger_write(
+    database_url: str, processes: Processes
+) -> None:
+    """The same for the DeliveryService: replies recorded (and begun) over the stream,
+    the server killed with most in flight; every acknowledged row is there, ATTEMPTING,
+    after a restart, and the retries by request id answer the first answers."""
+    server = processes.server(database_url, service="delivery")
+    with channel_to(server.address) as channel:
+        stub = dpb_grpc.DeliveryServiceStub(channel)
+        registered = stub.RegisterInstance(
+            dpb.RegisterInstanceRequest(gateway_name="gw", platforms=["slack"]), timeout=10
+        )
+    instance_id = registered.instance.instance_id
+    requests = [_record(instance_id, n) for n in range(400)]
+    kill = threading.Event()
+    killer = threading.Thread(target=_kill_when, args=(kill, server))
+    killer.start()
+    acked: dict[int, dpb.RecordObligationResponse] = {}
+    outgoing: queue.SimpleQueue[object] = queue.SimpleQueue()
+
+    for position, record in enumerate(requests):
+        outgoing.put(dpb.CallStreamRequest(correlation_id=position, record_obligation=record))
+    ended = None
+    with channel_to(server.address) as channel:
+        try:
+            for answer in dpb_grpc.DeliveryServiceStub(channel).CallStream(_fed(outgoing)):
+                assert answer.WhichOneof("result") == "record_obligation", answer
+                acked[answer.correlation_id] = answer.record_obligation
+                if len(acked) == 5:
+                    kill.set()
+                if len(acked) == len(requests):
+                    outgoing.put(_END)
+        except grpc.RpcError as error:
+            ended = error.code()
+    outgoing.put(_END)
+    killer.join(60)
+    assert ended == grpc.StatusCode.UNAVAILABLE and 5 <= len(acked) < len(requests)
+    server.start()
+    with channel_to(server.address) as channel:
+        stub = dpb_grpc.DeliveryServiceStub(channel)
+        for position, first in acked.items():
+            row_id = first.obligation.id
+            stored = stub.GetObligation(dpb.GetObligationRequest(obligation_id=row_id), timeout=10)
+            assert stored.obligation.state == dpb.OBLIGATION_STATE_ATTEMPTING, position
+        for position, record in enumerate(requests):  # every one again, by its request id
+            retried = stub.RecordObligation(record, timeout=10)
+            if position in acked:  # created=True: the first answer, not a second record
+                assert retried == acked[position], "the first answer, again"
