@@ -1,0 +1,195 @@
+"""The session storage's raw SQL, named in one place: the event log, history pages,
+snapshots, markers and projections. Texts use `?` placeholders; the parts pass each
+through `Backend.sql` (`Part._sql`) for the backend's style. Peewee query-builder
+calls stay in the parts; a statement composed from a condition is a function here.
+Kind names are embedded (not parameters), so statement texts and plans stay fixed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from session_service.storage.kinds import (
+    LOG_RECORD_KINDS,
+    NEVER_ABANDONED_KINDS,
+    REWIND_APPLIED,
+    REWOUND,
+    sql_list,
+)
+
+# -- the event log -------------------------------------------------------------------
+
+INSERT_EVENT = (
+    "INSERT INTO session_log "
+    "(seq, agent, session_id, kind, format, payload, tool_ref, active, inbound_ref) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+MOVE_HEAD = "UPDATE session_log_head SET seq = seq + ? WHERE id = 1 RETURNING seq"
+IS_ACTIVE = "SELECT active FROM session_log WHERE seq = ?"
+
+
+def accepted_post(accepted_posts: str) -> str:
+    """A session's post under a message_ref, among the rows `accepted_posts` selects."""
+    return (
+        "SELECT format, payload FROM session_log WHERE session_id = ? AND inbound_ref = ? "
+        f"AND {accepted_posts}"
+    )
+
+
+def lock_head(for_update: str) -> str:
+    """Reads the head row with the backend's row lock (`Backend.for_update`)."""
+    return f"SELECT seq FROM session_log_head WHERE id = 1{for_update}"
+
+
+def page_within_budget(where: str) -> str:
+    """Rows matching `where` in order, each with its payload only while the bytes up
+    to it stay under the budget (the first parameter)."""
+    return (
+        "SELECT format, CASE WHEN upto - size < ? THEN payload END FROM ("
+        "SELECT seq, format, payload, LENGTH(payload) AS size, "
+        "SUM(LENGTH(payload)) OVER (ORDER BY seq) AS upto FROM session_log "
+        f"WHERE {where} ORDER BY seq LIMIT ?) AS page ORDER BY seq"
+    )
+
+
+def rewind_or(column: str) -> str:
+    """The row is the value's in `column`, or a rewind record (which every reader sees)."""
+    return f"({column} = ? OR kind = '{REWOUND}')"
+
+
+def entity_events(where: str, bounded: bool) -> str:
+    """An entity's active events after a sequence (`bounded`: up to another)."""
+    bound = " AND seq <= ?" if bounded else ""
+    return (
+        f"SELECT format, payload FROM session_log WHERE {where} AND active = ? "
+        f"AND seq > ?{bound} ORDER BY seq"
+    )
+
+
+def abandoned_among(count: int) -> str:
+    marks = ", ".join("?" for _ in range(count))
+    return f"SELECT seq FROM session_log WHERE seq IN ({marks}) AND active = ?"
+
+
+# -- history pages ---------------------------------------------------------------------
+
+ANCESTORS = (
+    "SELECT ancestor_id, until_seq FROM session_lineage WHERE session_id = ? "
+    "ORDER BY until_seq DESC"
+)
+
+
+def any_row(where: str) -> str:
+    return f"SELECT 1 FROM session_log WHERE {where} LIMIT 1"
+
+
+def row_sizes(where: str, descending: bool, limit: int) -> str:
+    """The sequences and payload lengths of up to `limit` rows matching `where`."""
+    order = "DESC" if descending else "ASC"
+    return (
+        f"SELECT seq, LENGTH(payload) FROM session_log WHERE {where} "
+        f"ORDER BY seq {order} LIMIT {int(limit)}"
+    )
+
+
+def payloads_between(where: str) -> str:
+    """The payloads of the rows matching `where` between two sequences, at most a count."""
+    return (
+        f"SELECT format, payload FROM session_log WHERE {where} AND seq >= ? "
+        "AND seq <= ? ORDER BY seq LIMIT ?"
+    )
+
+
+# -- snapshots -------------------------------------------------------------------------
+
+
+def latest_snapshot(bounded: bool) -> str:
+    bound = " AND seq <= ?" if bounded else ""
+    return (
+        "SELECT seq, format, state FROM session_snapshot "
+        f"WHERE entity = ? AND active = ?{bound} ORDER BY seq DESC LIMIT 1"
+    )
+
+
+# -- markers ---------------------------------------------------------------------------
+
+MOVE_EFFECT = (
+    "SELECT agent, session_id, "
+    f"SUM(CASE WHEN kind = '{REWIND_APPLIED}' THEN 0 ELSE 1 END) "
+    "FROM session_log WHERE seq >= ? AND seq <= ? AND active = ? "
+    f"AND kind NOT IN ({sql_list(LOG_RECORD_KINDS)}) GROUP BY agent, session_id"
+)
+# Audit records keep their marker: they are on every timeline.
+MARK_LOG = (
+    "UPDATE session_log SET active = ? WHERE seq >= ? AND seq <= ? AND active = ?"
+    f" AND kind NOT IN ({sql_list(NEVER_ABANDONED_KINDS)})"
+)
+MARK_SNAPSHOTS = "UPDATE session_snapshot SET active = ? WHERE seq >= ? AND seq <= ? AND active = ?"
+UNDONE_BELOW = (
+    "SELECT agent, session_id FROM (SELECT DISTINCT agent, session_id "
+    f"FROM session_log WHERE seq < ? AND kind <> '{REWOUND}') AS l "
+    "WHERE CASE WHEN session_id IS NULL "
+    "THEN NOT EXISTS (SELECT 1 FROM session_agent WHERE name = l.agent) "
+    "ELSE NOT EXISTS (SELECT 1 FROM session_session AS s "
+    "WHERE s.session_id = l.session_id) END"
+)
+
+
+def floor_and_newest(where: str) -> str:
+    """An entity's version floor and its newest event (`where`), in one row."""
+    return (
+        "SELECT f.version, n.format, n.payload FROM (SELECT 1 AS one) AS o "
+        "LEFT JOIN session_version_floor AS f ON f.entity = ? LEFT JOIN "
+        f"(SELECT format, payload FROM session_log WHERE {where} "
+        "ORDER BY seq DESC LIMIT 1) AS n ON 1 = 1"
+    )
+
+
+def count_events(where: str) -> str:
+    return f"SELECT COUNT(*) FROM session_log WHERE {where}"
+
+
+# -- projections -----------------------------------------------------------------------
+
+# A fork's ancestors are its parent's and the parent itself, each up to the
+# earlier of the two fork points (the parent's own are earlier already).
+INSERT_LINEAGE = (
+    "INSERT INTO session_lineage (session_id, ancestor_id, until_seq) "
+    "SELECT ?, ancestor_id, until_seq FROM session_lineage WHERE session_id = ? "
+    "UNION ALL SELECT ?, ?, ? ON CONFLICT DO NOTHING"
+)
+SESSIONS_OF_USER = (
+    "session_id IN (SELECT session_id FROM session_of_user WHERE agent = ? AND user_id = ?)"
+)
+SNAPSHOT_LAG = "SELECT MAX(version - snapshot_version) FROM session_session"
+
+
+def select_row(table: str, columns: Sequence[str]) -> str:
+    """A projection row by its key (the first column)."""
+    return f"SELECT {', '.join(columns)} FROM {table} WHERE {columns[0]} = ?"
+
+
+def upsert_row(table: str, columns: Sequence[str]) -> str:
+    """The upsert of a projection row (key first): one statement with no row count to
+    wait for, so it can travel with the log's INSERT."""
+    key, rest = columns[0], columns[1:]
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) "
+        f"VALUES ({', '.join('?' for _ in columns)}) ON CONFLICT ({key}) DO UPDATE SET "
+        + ", ".join(f"{c} = excluded.{c}" for c in rest)
+    )
+
+
+def routed_session(session_columns: Sequence[str]) -> str:
+    """The session row a routing key points to."""
+    return (
+        f"SELECT {', '.join(f's.{c}' for c in session_columns)} FROM session_route r "
+        "JOIN session_session s ON s.session_id = r.session_id "
+        "WHERE r.agent = ? AND r.routing_key = ?"
+    )
+
+
+def agents_page(columns: Sequence[str], include_archived: bool) -> str:
+    live = "" if include_archived else " AND archived = ?"
+    return (
+        f"SELECT {', '.join(columns)} FROM session_agent WHERE name > ?{live} ORDER BY name LIMIT ?"
+    )
