@@ -11,7 +11,6 @@ from session_service.records import Event, LogBranch
 from session_service.storage import queries
 from session_service.storage.event_log import EventLog
 from session_service.storage.kinds import MESSAGE_APPENDED
-from session_service.storage.retraction_store import NOT_RETRACTED
 from session_service.storage.schema import Part, Tables
 from switchboard import pagination
 
@@ -45,7 +44,7 @@ class History(Part):
             params.append(True)
         # Hook (issue 23): messages the session (or an ancestor before its fork
         # point) retracted are no longer history (`retraction_store`).
-        conditions.append(NOT_RETRACTED)
+        conditions.append(queries.NOT_RETRACTED)
         params += [session_id, session_id]
         if not shared:
             where = " AND ".join(["session_id = ?", *conditions])

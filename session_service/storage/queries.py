@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from session_service.storage.kinds import (
     LOG_RECORD_KINDS,
+    MESSAGE_APPENDED,
     NEVER_ABANDONED_KINDS,
     REWIND_APPLIED,
     REWOUND,
@@ -193,3 +194,47 @@ def agents_page(columns: Sequence[str], include_archived: bool) -> str:
     return (
         f"SELECT {', '.join(columns)} FROM session_agent WHERE name > ?{live} ORDER BY name LIMIT ?"
     )
+
+
+# -- retractions (retraction_store.py) -------------------------------------------------
+
+#: The condition a history read adds for the session it reads (two parameters: the
+#: session id twice). Unqualified `seq` is the session_log row's.
+NOT_RETRACTED = (
+    "NOT EXISTS (SELECT 1 FROM session_retraction x WHERE x.message_seq = session_log.seq "
+    "AND (x.session_id = ? OR EXISTS (SELECT 1 FROM session_lineage g WHERE g.session_id = ? "
+    "AND g.ancestor_id = x.session_id AND x.by_seq <= g.until_seq)))"
+)
+INSERT_RETRACTION = (
+    "INSERT INTO session_retraction (message_seq, session_id, by_seq) "
+    "VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
+)
+DELETE_RETRACTIONS_BETWEEN = "DELETE FROM session_retraction WHERE by_seq >= ? AND by_seq <= ?"
+DELETE_RETRACTIONS_OF_SESSION = "DELETE FROM session_retraction WHERE session_id = ?"
+DELETE_RETRACTIONS = "DELETE FROM session_retraction"
+RETRACTION_ROWS = "SELECT message_seq, session_id, by_seq FROM session_retraction"
+
+
+def visible_messages(count: int) -> str:
+    """The history messages among `count` sequences that a session's history holds now
+    (its own, or an ancestor's up to the fork point; active, not retracted)."""
+    marks = ", ".join("?" for _ in range(count))
+    return (
+        f"SELECT format, payload FROM session_log WHERE seq IN ({marks}) "
+        f"AND kind = '{MESSAGE_APPENDED}' AND active = ? AND (session_id = ? OR EXISTS "
+        "(SELECT 1 FROM session_lineage g WHERE g.session_id = ? "
+        "AND g.ancestor_id = session_log.session_id AND session_log.seq <= g.until_seq)) "
+        f"AND {NOT_RETRACTED} ORDER BY seq"
+    )
+
+
+# -- sessions' users (session_user_store.py) -------------------------------------------
+
+PUT_SESSION_USER = (
+    "INSERT INTO session_of_user (session_id, agent, user_id) VALUES (?, ?, ?) "
+    "ON CONFLICT (session_id) DO UPDATE SET agent = excluded.agent, "
+    "user_id = excluded.user_id"
+)
+DELETE_SESSION_USER = "DELETE FROM session_of_user WHERE session_id = ?"
+DELETE_SESSION_USERS = "DELETE FROM session_of_user"
+SESSION_USER_ROWS = "SELECT session_id, agent, user_id FROM session_of_user"
