@@ -14,6 +14,7 @@ from session_service.storage.kinds import (
     NEVER_ABANDONED_KINDS,
     REWIND_APPLIED,
     REWOUND,
+    STATE_CHANGED,
     sql_list,
 )
 
@@ -238,3 +239,48 @@ PUT_SESSION_USER = (
 DELETE_SESSION_USER = "DELETE FROM session_of_user WHERE session_id = ?"
 DELETE_SESSION_USERS = "DELETE FROM session_of_user"
 SESSION_USER_ROWS = "SELECT session_id, agent, user_id FROM session_of_user"
+
+
+# -- scoped state (state_store.py) -----------------------------------------------------
+
+UPSERT_STATE_VALUE = (
+    "INSERT INTO session_state_value (owner, key, value, seq) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (owner, key) DO UPDATE SET value = excluded.value, seq = excluded.seq"
+)
+DELETE_STATE_VALUE = "DELETE FROM session_state_value WHERE owner = ? AND key = ?"
+INDEX_STATE_EVENT = (
+    "INSERT INTO session_state_event (seq, owner) VALUES (?, ?) ON CONFLICT DO NOTHING"
+)
+# An owner's active events, through the index (never a scan of the log).
+OWNER_EVENTS = (
+    "SELECT l.format, l.payload FROM session_state_event e "
+    "JOIN session_log l ON l.seq = e.seq WHERE e.owner = ? AND l.active = ? "
+    f"AND l.kind = '{STATE_CHANGED}' AND l.seq <= ? ORDER BY e.seq"
+)
+STATE_SIZE = (
+    "SELECT COALESCE(SUM(LENGTH(key) + LENGTH(value)), 0) FROM session_state_value WHERE owner = ?"
+)
+STATE_OWNERS_BETWEEN = "SELECT DISTINCT owner FROM session_state_event WHERE seq >= ? AND seq <= ?"
+STATE_BASE = "SELECT key, value FROM session_state_base WHERE owner = ?"
+DELETE_STATE_VALUES_OF = "DELETE FROM session_state_value WHERE owner = ?"
+STATE_OWNERS_BELOW = "SELECT DISTINCT owner FROM session_state_event WHERE seq < ?"
+DELETE_STATE_BASE_OF = "DELETE FROM session_state_base WHERE owner = ?"
+INSERT_STATE_BASE = "INSERT INTO session_state_base (owner, key, value) VALUES (?, ?, ?)"
+DELETE_STATE_EVENTS_BELOW = "DELETE FROM session_state_event WHERE seq < ?"
+#: Everything kept of an owner, table by table.
+FORGET_STATE_OWNER = tuple(
+    f"DELETE FROM {table} WHERE owner = ?"
+    for table in ("session_state_value", "session_state_base", "session_state_event")
+)
+DELETE_STATE_VALUES = "DELETE FROM session_state_value"
+STATE_VALUES_FROM_BASES = (
+    "INSERT INTO session_state_value (owner, key, value, seq) "
+    "SELECT owner, key, value, 0 FROM session_state_base"
+)
+STATE_VALUE_ROWS = "SELECT owner, key, value FROM session_state_value"
+
+
+def state_values(owners: int) -> str:
+    """The entries of `owners` owners."""
+    marks = ", ".join("?" for _ in range(owners))
+    return f"SELECT owner, key, value FROM session_state_value WHERE owner IN ({marks})"
