@@ -12,6 +12,7 @@ from session_service.storage.kinds import (
     LOG_RECORD_KINDS,
     MESSAGE_APPENDED,
     NEVER_ABANDONED_KINDS,
+    RECORDS_PUT,
     REWIND_APPLIED,
     REWOUND,
     STATE_CHANGED,
@@ -284,3 +285,61 @@ def state_values(owners: int) -> str:
     """The entries of `owners` owners."""
     marks = ", ".join("?" for _ in range(owners))
     return f"SELECT owner, key, value FROM session_state_value WHERE owner IN ({marks})"
+
+
+# -- erasure (erasure_store.py) --------------------------------------------------------
+
+ERASED_ID = "SELECT erased_seq FROM session_erased_id WHERE session_id = ?"
+ERASED_KEY = "SELECT erased_seq FROM session_erased_key WHERE agent = ? AND key_digest = ?"
+REMEMBER_ERASED_ID = (
+    "INSERT INTO session_erased_id (session_id, agent, erased_seq) VALUES (?, ?, ?) "
+    "ON CONFLICT (session_id) DO UPDATE SET erased_seq = excluded.erased_seq"
+)
+REMEMBER_ERASED_KEY = (
+    "INSERT INTO session_erased_key (agent, key_digest, erased_seq) VALUES (?, ?, ?) "
+    "ON CONFLICT (agent, key_digest) DO UPDATE SET erased_seq = excluded.erased_seq"
+)
+FORGET_ERASED_ID = "DELETE FROM session_erased_id WHERE session_id = ?"
+FORGET_ERASED_KEY = "DELETE FROM session_erased_key WHERE agent = ? AND key_digest = ?"
+SESSION_ROWS = "SELECT seq, kind FROM session_log WHERE session_id = ? ORDER BY seq"
+TOMBSTONE_ROW = (
+    "UPDATE session_log SET kind = ?, format = ?, payload = ?, tool_ref = NULL, "
+    "inbound_ref = NULL WHERE seq = ?"
+)
+REWRITE_ROW = "UPDATE session_log SET format = ?, payload = ? WHERE seq = ?"
+#: The session's snapshots (by entity) and the core's projection rows of it (by id).
+DROP_SESSION_SNAPSHOTS = "DELETE FROM session_snapshot WHERE entity = ?"
+DROP_SESSION_PROJECTIONS = (
+    "DELETE FROM session_session WHERE session_id = ?",
+    "DELETE FROM session_route WHERE session_id = ?",
+    "DELETE FROM session_lineage WHERE session_id = ?",
+    "DELETE FROM session_key_report WHERE session_id = ?",
+)
+WAL_CHECKPOINT = "PRAGMA wal_checkpoint(TRUNCATE)"
+
+
+def log_rows(count: int) -> str:
+    marks = ", ".join("?" for _ in range(count))
+    return f"SELECT seq, format, payload FROM session_log WHERE seq IN ({marks})"
+
+
+def abandoned_puts(of_session: bool) -> str:
+    """The RecordsPut rows a rewind abandoned, of one session or of an agent's sessions."""
+    where = "session_id = ?" if of_session else "agent = ? AND session_id IS NOT NULL"
+    return (
+        f"SELECT seq, format, payload FROM session_log WHERE {where} "
+        f"AND kind = '{RECORDS_PUT}' AND active = ? ORDER BY seq"
+    )
+
+
+def drop_answers_naming(request_table: str, subjects_table: str) -> str:
+    """The remembered answers of requests that named a session."""
+    return (
+        f"DELETE FROM {request_table} WHERE EXISTS (SELECT 1 FROM {subjects_table} s "
+        f"WHERE s.session_id = ? AND s.principal = {request_table}.principal "
+        f"AND s.request_id = {request_table}.request_id)"
+    )
+
+
+def drop_subjects_of(subjects_table: str) -> str:
+    return f"DELETE FROM {subjects_table} WHERE session_id = ?"
