@@ -343,3 +343,85 @@ def drop_answers_naming(request_table: str, subjects_table: str) -> str:
 
 def drop_subjects_of(subjects_table: str) -> str:
     return f"DELETE FROM {subjects_table} WHERE session_id = ?"
+
+
+# -- stored records (records_store.py) -------------------------------------------------
+
+#: The row is its key's newest put (reads answer only those).
+LATEST = (
+    "NOT EXISTS (SELECT 1 FROM session_record n WHERE n.session_id = r.session_id "
+    "AND n.kind = r.kind AND n.namespace = r.namespace AND n.key = r.key "
+    "AND (n.seq > r.seq OR (n.seq = r.seq AND n.position > r.position)))"
+)
+INSERT_RECORD_LABEL = (
+    "INSERT INTO session_record_label "
+    "(seq, position, name, value, agent, session_id, kind) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+RECORD_TABLES = ("session_record", "session_record_label")
+#: Each table's rows of the events in [first, last].
+DROP_RECORDS_BETWEEN = tuple(
+    f"DELETE FROM {table} WHERE seq >= ? AND seq <= ?" for table in RECORD_TABLES
+)
+#: Each table's rows of one record (sequence, position).
+DROP_RECORD = tuple(
+    f"DELETE FROM {table} WHERE seq = ? AND position = ?" for table in RECORD_TABLES
+)
+DROP_RECORDS_OF_SESSION = tuple(
+    f"DELETE FROM {table} WHERE session_id = ?" for table in RECORD_TABLES
+)
+DROP_RECORDS = tuple(f"DELETE FROM {table}" for table in RECORD_TABLES)
+#: The page condition "below the place (sequence, position)".
+RECORDS_BELOW = "(r.seq < ? OR (r.seq = ? AND r.position < ?))"
+
+
+def insert_record(columns: Sequence[str]) -> str:
+    return (
+        f"INSERT INTO session_record ({', '.join(columns)}) "
+        f"VALUES ({', '.join('?' for _ in columns)})"
+    )
+
+
+def record_rows(columns: Sequence[str]) -> str:
+    return f"SELECT {', '.join(columns)} FROM session_record"
+
+
+def _record_columns(columns: Sequence[str]) -> str:
+    return ", ".join(f"r.{column}" for column in columns)
+
+
+def records_where(columns: Sequence[str], where: str) -> str:
+    """The index rows (`r`) matching `where`."""
+    return f"SELECT {_record_columns(columns)} FROM session_record r WHERE {where}"
+
+
+def newest_record(columns: Sequence[str], where: str) -> str:
+    """The newest put among the index rows matching `where`."""
+    return records_where(columns, where) + " ORDER BY r.seq DESC, r.position DESC LIMIT 1"
+
+
+def records_page(columns: Sequence[str], where: str, limit: int) -> str:
+    """Up to `limit` index rows matching `where`, newest first."""
+    return (
+        records_where(columns, where) + f" ORDER BY r.seq DESC, r.position DESC LIMIT {int(limit)}"
+    )
+
+
+def record_labelled(values: int) -> str:
+    """The condition "the record has the label (a name) with one of `values` values"."""
+    return (
+        "EXISTS (SELECT 1 FROM session_record_label b WHERE b.seq = r.seq "
+        f"AND b.position = r.position AND b.name = ? AND b.value IN "
+        f"({', '.join('?' for _ in range(values))}))"
+    )
+
+
+def keys_in(count: int) -> str:
+    return f"r.key IN ({', '.join('?' for _ in range(count))})"
+
+
+def child_keys(parents: int) -> str:
+    """The keys of a kind's records in a namespace whose parent is one of `parents`."""
+    return (
+        "SELECT DISTINCT key FROM session_record WHERE session_id = ? AND kind = ? "
+        f"AND namespace = ? AND parent_key IN ({', '.join('?' for _ in range(parents))})"
+    )
