@@ -16,6 +16,7 @@ from typing import Any, cast
 import peewee
 from peewee import SQL, fn
 
+from delivery_service import queries
 from delivery_service.records import (
     ROW_OVERHEAD_BYTES,
     Holder,
@@ -96,22 +97,12 @@ class LedgerStore:
         self.limits = limits
         self.Instance = bind_model(InstanceRow, backend.database)
         self.Obligation = bind_model(ObligationRow, backend.database)
-        # The send path (record, mark) runs prepared SQL text: building each
-        # statement with peewee cost more CPU than executing and committing it.
+        # The send path (record, mark) runs prepared SQL text (named in `queries`).
         self._database: Any = backend.database
         self._sql_cache: dict[tuple[Any, ...], str] = {}
-        # The row takes the recording instance's gateway, read in the same statement.
-        values = ", ".join("i.gateway_name" if c == "gateway_name" else "?" for c in COLUMNS)
-        insert = (
-            f"INSERT INTO ledger_obligation ({', '.join(COLUMNS)}) SELECT {values} "
-            "FROM ledger_instance i WHERE i.id = ? AND i.lease_expires_at > ?"
-        )
-        conflict = " ON CONFLICT (id) DO NOTHING RETURNING gateway_name"
-        self._insert_if_live = self._sql(insert + conflict)
-        self._insert_if_own_live = self._sql(insert + " AND i.principal = ?" + conflict)
-        backoff = self.limits.backoff_s
-        steps = " ".join(f"WHEN attempts = {i} THEN {delay!r}" for i, delay in enumerate(backoff))
-        self._backoff_delay = f"(CASE {steps} ELSE {backoff[-1]!r} END)"
+        self._insert_if_live = self._sql(queries.insert_obligation(COLUMNS, own_instance=False))
+        self._insert_if_own_live = self._sql(queries.insert_obligation(COLUMNS, own_instance=True))
+        self._backoff_delay = queries.backoff_delay(self.limits.backoff_s)
 
     def _sql(self, text: str) -> str:
         """`?` placeholders in the backend's parameter style."""
@@ -312,23 +303,16 @@ class LedgerStore:
         )
         sql = self._sql_cache.get(key)
         if sql is None:
-            assignments = ["updated_at = ?", *(f"{column} = ?" for column in changes)]
-            if schedule_retry:
-                delay = "?" if retry_after_s is not None else self._backoff_delay
-                assignments.append(f"next_attempt_at = ? + {delay}")
-            scope = ""
-            if agents is not None:
-                scope += " AND " + _agents_in(len(agents))
-            if principal is not None:
-                scope += (
-                    " AND EXISTS (SELECT 1 FROM ledger_instance i WHERE "
-                    "i.id = ledger_obligation.owner_instance_id AND i.principal = ?)"
-                )
+            delay = "?" if retry_after_s is not None else self._backoff_delay
             sql = self._sql_cache[key] = self._sql(
-                f"UPDATE ledger_obligation SET {', '.join(assignments)} "
-                "WHERE id = ? AND owner_instance_id = ? AND fence = ? "
-                f"AND state IN ({', '.join('?' for _ in sources)}){scope} "
-                f"RETURNING {', '.join(COLUMNS)}"
+                queries.move_obligation(
+                    COLUMNS,
+                    tuple(changes),
+                    sources=len(sources),
+                    retry_delay=delay if schedule_retry else None,
+                    agents=None if agents is None else len(agents),
+                    by_principal=principal is not None,
+                )
             )
         params: list[Any] = [now, *changes.values()]
         if schedule_retry:
@@ -605,11 +589,6 @@ def _of_agents(obl: Any, agents: Agents) -> peewee.Expression:
     if not agents:
         return cast(peewee.Expression, SQL("1 = 0"))
     return cast(peewee.Expression, obl.agent.in_(sorted(agents)))
-
-
-def _agents_in(count: int) -> str:
-    """The prepared-SQL form of `_of_agents` for `count` agents."""
-    return f"agent IN ({', '.join('?' for _ in range(count))})" if count else "1 = 0"
 
 
 def _deliverable_by(live: Sequence[Instance], gateway_name: str, platform: str) -> bool:

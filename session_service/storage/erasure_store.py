@@ -25,7 +25,8 @@ import peewee
 
 from session_service import pii, storage_format
 from session_service.records import Erased, Event
-from session_service.storage.kinds import ERASED, RECORDS_PUT
+from session_service.storage import queries
+from session_service.storage.kinds import ERASED
 from switchboard.database import Backend, bind_model
 from switchboard.sqlite_backend import SqliteBackend
 
@@ -88,16 +89,11 @@ class ErasureStore:
 
     def erased_id(self, session_id: str) -> int | None:
         """The sequence of the erasure of this session id, if it was erased."""
-        row = self._run(
-            "SELECT erased_seq FROM session_erased_id WHERE session_id = ?", [session_id]
-        ).fetchone()
+        row = self._run(queries.ERASED_ID, [session_id]).fetchone()
         return None if row is None else int(row[0])
 
     def erased_key(self, agent: str, routing_key: str) -> int | None:
-        row = self._run(
-            "SELECT erased_seq FROM session_erased_key WHERE agent = ? AND key_digest = ?",
-            [agent, self._digest(routing_key)],
-        ).fetchone()
+        row = self._run(queries.ERASED_KEY, [agent, self._digest(routing_key)]).fetchone()
         return None if row is None else int(row[0])
 
     def _digest(self, routing_key: str) -> str:
@@ -106,44 +102,28 @@ class ErasureStore:
         return self.redactor.digest(routing_key, chars=64)
 
     def remember(self, agent: str, session_id: str, routing_key: str, seq: int) -> None:
-        self._run(
-            "INSERT INTO session_erased_id (session_id, agent, erased_seq) VALUES (?, ?, ?) "
-            "ON CONFLICT (session_id) DO UPDATE SET erased_seq = excluded.erased_seq",
-            [session_id, agent, seq],
-        )
+        self._run(queries.REMEMBER_ERASED_ID, [session_id, agent, seq])
         if routing_key:
-            self._run(
-                "INSERT INTO session_erased_key (agent, key_digest, erased_seq) VALUES (?, ?, ?) "
-                "ON CONFLICT (agent, key_digest) DO UPDATE SET erased_seq = excluded.erased_seq",
-                [agent, self._digest(routing_key), seq],
-            )
+            self._run(queries.REMEMBER_ERASED_KEY, [agent, self._digest(routing_key), seq])
 
     def forget_id(self, session_id: str) -> None:
         """A reopened id: no longer refused (a later erasure remembers it again)."""
-        self._run("DELETE FROM session_erased_id WHERE session_id = ?", [session_id])
+        self._run(queries.FORGET_ERASED_ID, [session_id])
 
     def forget_key(self, agent: str, routing_key: str) -> None:
-        self._run(
-            "DELETE FROM session_erased_key WHERE agent = ? AND key_digest = ?",
-            [agent, self._digest(routing_key)],
-        )
+        self._run(queries.FORGET_ERASED_KEY, [agent, self._digest(routing_key)])
 
     # -- rewriting the log ------------------------------------------------------------------
 
     def session_rows(self, session_id: str) -> list[tuple[int, str]]:
         """(sequence, kind) of every log row of the session, any branch."""
-        rows = self._run(
-            "SELECT seq, kind FROM session_log WHERE session_id = ? ORDER BY seq", [session_id]
-        ).fetchall()
+        rows = self._run(queries.SESSION_ROWS, [session_id]).fetchall()
         return [(int(seq), str(kind)) for seq, kind in rows]
 
     def tombstone_rows(self, agent: str, session_id: str, seqs: Iterable[int]) -> int:
         """Each row becomes a tombstone in place; how many (already erased ones too)."""
         count = 0
-        sql = self._sql(
-            "UPDATE session_log SET kind = ?, format = ?, payload = ?, tool_ref = NULL, "
-            "inbound_ref = NULL WHERE seq = ?"
-        )
+        sql = self._sql(queries.TOMBSTONE_ROW)
         for seq in seqs:
             self.database.execute_sql(
                 sql,
@@ -155,29 +135,22 @@ class ErasureStore:
     def rewrite_row(self, seq: int, event: Event) -> None:
         """A log row re-encoded (a RecordsPut with records erased)."""
         self._run(
-            "UPDATE session_log SET format = ?, payload = ? WHERE seq = ?",
+            queries.REWRITE_ROW,
             [storage_format.CURRENT, storage_format.encode_event(event), seq],
         )
 
     def log_rows(self, seqs: Sequence[int]) -> list[tuple[int, Event]]:
         if not seqs:
             return []
-        rows = self._run(
-            "SELECT seq, format, payload FROM session_log "
-            f"WHERE seq IN ({', '.join('?' for _ in seqs)})",
-            seqs,
-        ).fetchall()
+        rows = self._run(queries.log_rows(len(seqs)), seqs).fetchall()
         return [(int(seq), storage_format.decode_event(int(f), p)) for seq, f, p in rows]
 
     def abandoned_puts(self, agent: str, session_id: str) -> list[tuple[int, Event]]:
         """The RecordsPut rows a rewind abandoned, of one session or (session "") of
         every session of the agent: their records are erased too, or a checkout
         would restore them."""
-        where = "session_id = ?" if session_id else "agent = ? AND session_id IS NOT NULL"
         rows = self._run(
-            f"SELECT seq, format, payload FROM session_log WHERE {where} "
-            f"AND kind = '{RECORDS_PUT}' AND active = ? ORDER BY seq",
-            [session_id or agent, False],
+            queries.abandoned_puts(of_session=bool(session_id)), [session_id or agent, False]
         ).fetchall()
         return [(int(seq), storage_format.decode_event(int(f), p)) for seq, f, p in rows]
 
@@ -185,26 +158,17 @@ class ErasureStore:
 
     def drop_session_rows(self, session_id: str) -> None:
         """The session's snapshots and the core's projection rows of it."""
-        for sql in (
-            "DELETE FROM session_snapshot WHERE entity = ?",
-            "DELETE FROM session_session WHERE session_id = ?",
-            "DELETE FROM session_route WHERE session_id = ?",
-            "DELETE FROM session_lineage WHERE session_id = ?",
-            "DELETE FROM session_key_report WHERE session_id = ?",
-        ):
-            key = f"session:{session_id}" if "session_snapshot" in sql else session_id
-            self._run(sql, [key])
+        self._run(queries.DROP_SESSION_SNAPSHOTS, [f"session:{session_id}"])
+        for sql in queries.DROP_SESSION_PROJECTIONS:
+            self._run(sql, [session_id])
 
     def drop_answers_naming(self, session_id: str, request_table: str) -> int:
         """The remembered answers of requests that named the session: a retry of
         one runs again (and finds the session gone)."""
         deleted = self._run(
-            f"DELETE FROM {request_table} WHERE EXISTS (SELECT 1 FROM {REQUEST_SUBJECTS} s "
-            f"WHERE s.session_id = ? AND s.principal = {request_table}.principal "
-            f"AND s.request_id = {request_table}.request_id)",
-            [session_id],
+            queries.drop_answers_naming(request_table, REQUEST_SUBJECTS), [session_id]
         ).rowcount
-        self._run(f"DELETE FROM {REQUEST_SUBJECTS} WHERE session_id = ?", [session_id])
+        self._run(queries.drop_subjects_of(REQUEST_SUBJECTS), [session_id])
         return int(deleted or 0)
 
     # -- after the commit -------------------------------------------------------------------
@@ -216,5 +180,5 @@ class ErasureStore:
         while readers still hold it. Postgres: nothing to do (True)."""
         if not isinstance(self.backend, SqliteBackend):
             return True
-        busy = self.database.execute_sql("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        busy = self.database.execute_sql(queries.WAL_CHECKPOINT).fetchone()[0]
         return not busy

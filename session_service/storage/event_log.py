@@ -15,6 +15,7 @@ import peewee
 
 from session_service import storage_format
 from session_service.records import Event, InboxPosted, MessageAppended, Role
+from session_service.storage import queries
 from session_service.storage.kinds import LOG_RECORD_KINDS, REWOUND
 from session_service.storage.schema import ACCEPTED_POSTS, Part, Tables
 from switchboard.database import tuples
@@ -41,15 +42,8 @@ def entity_filter(entity: str) -> tuple[str, str, str]:
 class EventLog(Part):
     def __init__(self, tables: Tables) -> None:
         super().__init__(tables)
-        self._insert_events = self._sql(
-            "INSERT INTO session_log "
-            "(seq, agent, session_id, kind, format, payload, tool_ref, active, inbound_ref) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
-        )
-        self._select_accepted_post = self._sql(
-            "SELECT format, payload FROM session_log WHERE session_id = ? AND inbound_ref = ? "
-            f"AND {ACCEPTED_POSTS}"
-        )
+        self._insert_events = self._sql(queries.INSERT_EVENT)
+        self._select_accepted_post = self._sql(queries.accepted_post(ACCEPTED_POSTS))
 
     def head(self) -> int:
         return int(self.Head.get_by_id(1).seq)
@@ -64,14 +58,12 @@ class EventLog(Part):
         number of writer threads and replicas. On SQLite the IMMEDIATE transaction
         holds the database's write lock already; on Postgres this locks the head row.
         """
-        self.database.execute_sql(
-            f"SELECT seq FROM session_log_head WHERE id = 1{self.backend.for_update}"
-        )
+        self.database.execute_sql(queries.lock_head(self.backend.for_update))
 
     def append(self, events: Sequence[Event], now: float) -> list[Event]:
         """Gives the events the next sequences (in this transaction) and logs them."""
         row = self.database.execute_sql(
-            self._sql("UPDATE session_log_head SET seq = seq + ? WHERE id = 1 RETURNING seq"),
+            self._sql(queries.MOVE_HEAD),
             [len(events)],
         ).fetchone()
         first = int(row[0]) - len(events) + 1
@@ -134,14 +126,9 @@ class EventLog(Part):
             params.append(until_seq)
         for column, value in (("agent", agent), ("session_id", session_id)):
             if value:
-                where.append(f"({column} = ? OR kind = '{REWOUND}')")
+                where.append(queries.rewind_or(column))
                 params.append(value)  # type: ignore[arg-type]
-        sql = self._sql(
-            "SELECT format, CASE WHEN upto - size < ? THEN payload END FROM ("
-            "SELECT seq, format, payload, LENGTH(payload) AS size, "
-            "SUM(LENGTH(payload)) OVER (ORDER BY seq) AS upto FROM session_log "
-            f"WHERE {' AND '.join(where)} ORDER BY seq LIMIT ?) AS page ORDER BY seq"
-        )
+        sql = self._sql(queries.page_within_budget(" AND ".join(where)))
         rows = self.database.execute_sql(sql, [max_bytes, *params, limit + 1]).fetchall()
         kept = [(int(fmt), payload) for fmt, payload in rows[:limit] if payload is not None]
         events = [storage_format.decode_event(fmt, payload) for fmt, payload in kept]
@@ -164,28 +151,21 @@ class EventLog(Part):
         until: int | None = None,
     ) -> list[Event]:
         _, where, key = entity_filter(entity)
-        bound = "" if until is None else " AND seq <= ?"
-        sql = self._sql(
-            f"SELECT format, payload FROM session_log WHERE {where} AND active = ? "
-            f"AND seq > ?{bound} ORDER BY seq"
-        )
+        sql = self._sql(queries.entity_events(where, bounded=until is not None))
         return self.payloads(sql, [key, True, after_seq, *([] if until is None else [until])])
 
     def is_active(self, seq: int) -> bool:
         """Whether `seq` is on the current timeline: one indexed row (no row: 0, or
         below the retained log, where no abandoned branch crosses)."""
-        row = self.database.execute_sql(
-            self._sql("SELECT active FROM session_log WHERE seq = ?"), [seq]
-        ).fetchone()
+        row = self.database.execute_sql(self._sql(queries.IS_ACTIVE), [seq]).fetchone()
         return row is None or bool(row[0])
 
     def abandoned_among(self, seqs: Sequence[int]) -> set[int]:
         """Which of a page's sequences are abandoned: one statement."""
         if not seqs:
             return set()
-        marks = ", ".join("?" for _ in seqs)
         rows = self.database.execute_sql(
-            self._sql(f"SELECT seq FROM session_log WHERE seq IN ({marks}) AND active = ?"),
+            self._sql(queries.abandoned_among(len(seqs))),
             [*seqs, False],
         ).fetchall()
         return {int(row[0]) for row in rows}

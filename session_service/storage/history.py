@@ -8,9 +8,9 @@ from typing import Any
 
 from session_service import convert
 from session_service.records import Event, LogBranch
+from session_service.storage import queries
 from session_service.storage.event_log import EventLog
 from session_service.storage.kinds import MESSAGE_APPENDED
-from session_service.storage.retraction_store import NOT_RETRACTED
 from session_service.storage.schema import Part, Tables
 from switchboard import pagination
 
@@ -44,7 +44,7 @@ class History(Part):
             params.append(True)
         # Hook (issue 23): messages the session (or an ancestor before its fork
         # point) retracted are no longer history (`retraction_store`).
-        conditions.append(NOT_RETRACTED)
+        conditions.append(queries.NOT_RETRACTED)
         params += [session_id, session_id]
         if not shared:
             where = " AND ".join(["session_id = ?", *conditions])
@@ -73,10 +73,7 @@ class History(Part):
     def _ancestors(self, session_id: str) -> list[tuple[str, int]]:
         """A fork's ancestors, newest first: (ancestor's session id, its fork point)."""
         rows = self.database.execute_sql(
-            self._sql(
-                "SELECT ancestor_id, until_seq FROM session_lineage WHERE session_id = ? "
-                "ORDER BY until_seq DESC"
-            ),
+            self._sql(queries.ANCESTORS),
             [session_id],
         ).fetchall()
         return [(str(ancestor), int(until)) for ancestor, until in rows]
@@ -88,7 +85,7 @@ class History(Part):
         the end of a segment: is there a next page?)."""
         for entity, until in segments:
             where, segment_params = _segment(entity, until, conditions, params)
-            sql = self._sql(f"SELECT 1 FROM session_log WHERE {where} LIMIT 1")
+            sql = self._sql(queries.any_row(where))
             if self.database.execute_sql(sql, segment_params).fetchone() is not None:
                 return True
         return False
@@ -143,12 +140,8 @@ class History(Part):
         database knows without reading them), then the payloads of the rows that fit;
         so no more than a page is ever loaded, however large the rows. The first row
         comes even past the budget (so paging moves on) unless not `first_always`."""
-        order = "DESC" if descending else "ASC"
         sizes = self.database.execute_sql(
-            self._sql(
-                f"SELECT seq, LENGTH(payload) FROM session_log WHERE {where} "
-                f"ORDER BY seq {order} LIMIT {int(limit) + 1}"
-            ),
+            self._sql(queries.row_sizes(where, descending, int(limit) + 1)),
             params,
         ).fetchall()
         lengths = [int(size) for _, size in sizes[:limit]]
@@ -162,10 +155,7 @@ class History(Part):
         # one statement whose text does not depend on the page's length (the LIMIT
         # holds it to the page should a concurrent checkout restore rows in between).
         events = self.log.payloads(
-            self._sql(
-                f"SELECT format, payload FROM session_log WHERE {where} AND seq >= ? "
-                "AND seq <= ? ORDER BY seq LIMIT ?"
-            ),
+            self._sql(queries.payloads_between(where)),
             [*params, seqs[0], seqs[-1], len(seqs)],
         )
         return events, len(sizes) > kept

@@ -7,26 +7,18 @@ from __future__ import annotations
 import peewee
 
 from session_service import storage_format
+from session_service.storage import queries
 from session_service.storage.event_log import (
     EventLog,
     agent_entity,
     entity_filter,
     session_entity,
 )
-from session_service.storage.kinds import (
-    LOG_RECORD_KINDS,
-    NEVER_ABANDONED_KINDS,
-    REWIND_APPLIED,
-    REWOUND,
-    sql_list,
-)
+from session_service.storage.kinds import LOG_RECORD_KINDS
 from session_service.storage.projections import Projections
 from session_service.storage.schema import Part, Tables
 from session_service.timeline import Timeline
 from switchboard.database import tuples
-
-_LOG_RECORD_KINDS_SQL = sql_list(LOG_RECORD_KINDS)
-_NEVER_ABANDONED_SQL = sql_list(NEVER_ABANDONED_KINDS)
 
 
 class Markers(Part):
@@ -53,12 +45,7 @@ class Markers(Part):
         marker is `active` now, rewind records left out; a move's bookkeeping
         (RewindApplied) is listed with 0 events, so its entity is refreshed too."""
         rows = self.database.execute_sql(
-            self._sql(
-                "SELECT agent, session_id, "
-                f"SUM(CASE WHEN kind = '{REWIND_APPLIED}' THEN 0 ELSE 1 END) "
-                "FROM session_log WHERE seq >= ? AND seq <= ? AND active = ? "
-                f"AND kind NOT IN ({_LOG_RECORD_KINDS_SQL}) GROUP BY agent, session_id"
-            ),
+            self._sql(queries.MOVE_EFFECT),
             [first, last, active],
         ).fetchall()
         return [
@@ -68,17 +55,8 @@ class Markers(Part):
     def mark(self, first: int, last: int, active: bool) -> None:
         """Sets the marker of the log rows and snapshots in [first, last]; guarded, so
         only rows whose status changes are written. Audit records keep theirs."""
-        for table, kept in (
-            ("session_log", f" AND kind NOT IN ({_NEVER_ABANDONED_SQL})"),
-            ("session_snapshot", ""),
-        ):
-            self.database.execute_sql(
-                self._sql(
-                    f"UPDATE {table} SET active = ? WHERE seq >= ? AND seq <= ? AND active = ?"
-                    + kept
-                ),
-                [active, first, last, not active],
-            )
+        for statement in (queries.MARK_LOG, queries.MARK_SNAPSHOTS):
+            self.database.execute_sql(self._sql(statement), [active, first, last, not active])
 
     def tool_results_after(self, seq: int) -> dict[str, set[str]]:
         """Per session, the tool calls answered by active events after `seq`."""
@@ -185,14 +163,7 @@ class Markers(Part):
         are about to be deleted and whose version no projection row keeps (a rewind undid
         it): created again, it must start above them (`highest_version`)."""
         undone = self.database.execute_sql(
-            self._sql(
-                "SELECT agent, session_id FROM (SELECT DISTINCT agent, session_id "
-                f"FROM session_log WHERE seq < ? AND kind <> '{REWOUND}') AS l "
-                "WHERE CASE WHEN session_id IS NULL "
-                "THEN NOT EXISTS (SELECT 1 FROM session_agent WHERE name = l.agent) "
-                "ELSE NOT EXISTS (SELECT 1 FROM session_session AS s "
-                "WHERE s.session_id = l.session_id) END"
-            ),
+            self._sql(queries.UNDONE_BELOW),
             [seq],
         ).fetchall()
         for agent, session_id in undone:
@@ -216,12 +187,7 @@ class Markers(Part):
         projected = 0 if index is None else index.version
         # The version floor a truncation left, beside the newest event: one statement.
         row = self.database.execute_sql(
-            self._sql(
-                "SELECT f.version, n.format, n.payload FROM (SELECT 1 AS one) AS o "
-                "LEFT JOIN session_version_floor AS f ON f.entity = ? LEFT JOIN "
-                f"(SELECT format, payload FROM session_log WHERE {where} "
-                "ORDER BY seq DESC LIMIT 1) AS n ON 1 = 1"
-            ),
+            self._sql(queries.floor_and_newest(where)),
             [entity, key],
         ).fetchone()
         known = max(projected, int(row[0] or 0))
@@ -234,7 +200,7 @@ class Markers(Part):
         if newest.agent_version:
             return max(known, newest.agent_version)
         # Logged before agent versions were recorded, when each event counted one.
-        count = self.database.execute_sql(
-            self._sql(f"SELECT COUNT(*) FROM session_log WHERE {where}"), [key]
-        ).fetchone()[0]
+        count = self.database.execute_sql(self._sql(queries.count_events(where)), [key]).fetchone()[
+            0
+        ]
         return max(known, int(count))

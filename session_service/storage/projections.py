@@ -11,6 +11,7 @@ import peewee
 
 from session_service import storage_format
 from session_service.records import Agent, Session, SessionStatus
+from session_service.storage import queries
 from session_service.storage.event_log import EventLog
 from session_service.storage.schema import Part, Tables
 from session_service.storage.states import States
@@ -98,33 +99,17 @@ class Projections(Part):
             "session_session", _SESSION_COLUMNS
         )
         self._select_agent, self._upsert_agent = self._row_sql("session_agent", _AGENT_COLUMNS)
-        self._select_routed_session = self._sql(
-            f"SELECT {', '.join(f's.{c}' for c in _SESSION_COLUMNS)} FROM session_route r "
-            "JOIN session_session s ON s.session_id = r.session_id "
-            "WHERE r.agent = ? AND r.routing_key = ?"
-        )
-        # A fork's ancestors are its parent's and the parent itself, each up to the
-        # earlier of the two fork points (the parent's own are earlier already).
-        self._insert_lineage = self._sql(
-            "INSERT INTO session_lineage (session_id, ancestor_id, until_seq) "
-            "SELECT ?, ancestor_id, until_seq FROM session_lineage WHERE session_id = ? "
-            "UNION ALL SELECT ?, ?, ? ON CONFLICT DO NOTHING"
-        )
+        self._select_routed_session = self._sql(queries.routed_session(_SESSION_COLUMNS))
+        self._insert_lineage = self._sql(queries.INSERT_LINEAGE)
 
     # The projection rows are read and written on every append: prepared SQL,
     # because building these statements with peewee cost more than running them.
 
     def _row_sql(self, table: str, columns: Sequence[str]) -> tuple[str, str]:
-        """SELECT by key, and the upsert of a projection row (key first): one statement
-        with no row count to wait for, so it can travel with the log's INSERT."""
-        key, rest = columns[0], columns[1:]
+        """SELECT by key, and the upsert of a projection row (key first)."""
         return (
-            self._sql(f"SELECT {', '.join(columns)} FROM {table} WHERE {key} = ?"),
-            self._sql(
-                f"INSERT INTO {table} ({', '.join(columns)}) "
-                f"VALUES ({', '.join('?' for _ in columns)}) ON CONFLICT ({key}) DO UPDATE SET "
-                + ", ".join(f"{c} = excluded.{c}" for c in rest)
-            ),
+            self._sql(queries.select_row(table, columns)),
+            self._sql(queries.upsert_row(table, columns)),
         )
 
     def agent_index(self, name: str) -> AgentIndex | None:
@@ -142,11 +127,7 @@ class Projections(Part):
 
     def list_agents(self, after_name: str, limit: int, include_archived: bool) -> list[AgentIndex]:
         """A page of agent rows by name, summaries included: one statement."""
-        live = "" if include_archived else " AND archived = ?"
-        sql = self._sql(
-            f"SELECT {', '.join(_AGENT_COLUMNS)} FROM session_agent WHERE name > ?{live} "
-            "ORDER BY name LIMIT ?"
-        )
+        sql = self._sql(queries.agents_page(_AGENT_COLUMNS, include_archived))
         params = [after_name, *([] if include_archived else [False]), limit]
         return [_agent_index(row) for row in self.database.execute_sql(sql, params).fetchall()]
 
@@ -185,10 +166,7 @@ class Projections(Part):
         if user_id:
             query = query.where(
                 peewee.SQL(
-                    self._sql(
-                        "session_id IN (SELECT session_id FROM session_of_user "
-                        "WHERE agent = ? AND user_id = ?)"
-                    ),
+                    self._sql(queries.SESSIONS_OF_USER),
                     [agent, user_id],
                 )
             )
@@ -306,7 +284,5 @@ class Projections(Part):
         return rows
 
     def head_and_snapshot_lag(self) -> tuple[int, int]:
-        lag = self.database.execute_sql(
-            "SELECT MAX(version - snapshot_version) FROM session_session"
-        ).fetchone()[0]
+        lag = self.database.execute_sql(queries.SNAPSHOT_LAG).fetchone()[0]
         return self.log.head(), int(lag or 0)

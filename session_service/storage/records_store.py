@@ -5,7 +5,7 @@
   kind, namespace, key, parent key, metadata, labels and the payload's size. The
   payload itself stays in the log row, read by sequence (`payloads`), so the bytes
   are stored once. A key put again has a row per put; reads take its newest
-  (`LATEST`). A rewind deletes the rows of the events it abandons, a checkout
+  (`queries.LATEST`). A rewind deletes the rows of the events it abandons, a checkout
   indexes the events it restores again (`FrameworkProjection.moved`).
 - `session_record_label`: each row's labels, for indexed label filters.
 """
@@ -21,6 +21,7 @@ import peewee
 
 from session_service import storage_format
 from session_service.records import RecordsPut, StoredRecord
+from session_service.storage import queries
 from switchboard.database import Backend, bind_model
 
 
@@ -71,14 +72,6 @@ _COLUMNS = (
     "seq", "position", "agent", "session_id", "kind", "namespace", "key", "parent_key",
     "metadata", "labels", "payload_size",
 )  # fmt: skip
-_SELECT = ", ".join(f"r.{column}" for column in _COLUMNS)
-
-#: The row is its key's newest put (reads answer only those).
-LATEST = (
-    "NOT EXISTS (SELECT 1 FROM session_record n WHERE n.session_id = r.session_id "
-    "AND n.kind = r.kind AND n.namespace = r.namespace AND n.key = r.key "
-    "AND (n.seq > r.seq OR (n.seq = r.seq AND n.position > r.position)))"
-)
 
 
 @dataclass(frozen=True)
@@ -149,14 +142,8 @@ class RecordsStore:
         self.Record = bind_model(RecordRow, self.database)
         self.Label = bind_model(RecordLabelRow, self.database)
         self.models = (self.Record, self.Label)
-        self._insert = self._sql(
-            f"INSERT INTO session_record ({', '.join(_COLUMNS)}) "
-            f"VALUES ({', '.join('?' for _ in _COLUMNS)})"
-        )
-        self._insert_label = self._sql(
-            "INSERT INTO session_record_label "
-            "(seq, position, name, value, agent, session_id, kind) VALUES (?, ?, ?, ?, ?, ?, ?)"
-        )
+        self._insert = self._sql(queries.insert_record(_COLUMNS))
+        self._insert_label = self._sql(queries.INSERT_RECORD_LABEL)
 
     def _rows(self, sql: str, params: Sequence[Any]) -> list[IndexedRecord]:
         return [_indexed(row) for row in self.database.execute_sql(self._sql(sql), params)]
@@ -184,35 +171,26 @@ class RecordsStore:
 
     def drop_between(self, first: int, last: int) -> None:
         """The rows of the events in [first, last] (a rewind abandoned them)."""
-        for table in ("session_record", "session_record_label"):
-            self.database.execute_sql(
-                self._sql(f"DELETE FROM {table} WHERE seq >= ? AND seq <= ?"), [first, last]
-            )
+        for sql in queries.DROP_RECORDS_BETWEEN:
+            self.database.execute_sql(self._sql(sql), [first, last])
 
     def drop(self, places: Iterable[tuple[int, int]]) -> None:
         for seq, position in places:
-            for table in ("session_record", "session_record_label"):
-                self.database.execute_sql(
-                    self._sql(f"DELETE FROM {table} WHERE seq = ? AND position = ?"),
-                    [seq, position],
-                )
+            for sql in queries.DROP_RECORD:
+                self.database.execute_sql(self._sql(sql), [seq, position])
 
     def drop_session(self, session_id: str) -> None:
-        for table in ("session_record", "session_record_label"):
-            self.database.execute_sql(
-                self._sql(f"DELETE FROM {table} WHERE session_id = ?"), [session_id]
-            )
+        for sql in queries.DROP_RECORDS_OF_SESSION:
+            self.database.execute_sql(self._sql(sql), [session_id])
 
     def clear(self) -> None:
-        for table in ("session_record", "session_record_label"):
-            self.database.execute_sql(f"DELETE FROM {table}")
+        for sql in queries.DROP_RECORDS:
+            self.database.execute_sql(sql)
 
     def rows(self) -> set[tuple[Any, ...]]:
         return {
             tuple(row)
-            for row in self.database.execute_sql(
-                f"SELECT {', '.join(_COLUMNS)} FROM session_record"
-            ).fetchall()
+            for row in self.database.execute_sql(queries.record_rows(_COLUMNS)).fetchall()
         }
 
     # -- reads ------------------------------------------------------------------------------
@@ -224,17 +202,12 @@ class RecordsStore:
         if key:
             where += " AND r.key = ?"
             params.append(key)
-        found = self._rows(
-            f"SELECT {_SELECT} FROM session_record r WHERE {where} "
-            "ORDER BY r.seq DESC, r.position DESC LIMIT 1",
-            params,
-        )
+        found = self._rows(queries.newest_record(_COLUMNS, where), params)
         return found[0] if found else None
 
     def latest_in_any_namespace(self, session_id: str, kind: str, key: str) -> IndexedRecord | None:
         found = self._rows(
-            f"SELECT {_SELECT} FROM session_record r WHERE r.session_id = ? AND r.kind = ? "
-            "AND r.key = ? ORDER BY r.seq DESC, r.position DESC LIMIT 1",
+            queries.newest_record(_COLUMNS, "r.session_id = ? AND r.kind = ? AND r.key = ?"),
             [session_id, kind, key],
         )
         return found[0] if found else None
@@ -249,16 +222,12 @@ class RecordsStore:
         `below`, newest first: one statement."""
         where, params = self._where(query)
         if below is not None:
-            where.append("(r.seq < ? OR (r.seq = ? AND r.position < ?))")
+            where.append(queries.RECORDS_BELOW)
             params += [below[0], below[0], below[1]]
-        return self._rows(
-            f"SELECT {_SELECT} FROM session_record r WHERE {' AND '.join(where)} "
-            f"ORDER BY r.seq DESC, r.position DESC LIMIT {int(limit)}",
-            params,
-        )
+        return self._rows(queries.records_page(_COLUMNS, " AND ".join(where), limit), params)
 
     def _where(self, query: RecordQuery) -> tuple[list[str], list[Any]]:
-        where, params = ["r.kind = ?", LATEST], [query.kind]
+        where, params = ["r.kind = ?", queries.LATEST], [query.kind]
         if query.session_id:
             where.append("r.session_id = ?")
             params.append(query.session_id)
@@ -272,14 +241,10 @@ class RecordsStore:
             where.append("r.parent_key = ?")
             params.append(query.parent_key)
         if query.keys:
-            where.append(f"r.key IN ({', '.join('?' for _ in query.keys)})")
+            where.append(queries.keys_in(len(query.keys)))
             params += list(query.keys)
         for name, values in query.labels:
-            where.append(
-                "EXISTS (SELECT 1 FROM session_record_label b WHERE b.seq = r.seq "
-                f"AND b.position = r.position AND b.name = ? AND b.value IN "
-                f"({', '.join('?' for _ in values)}))"
-            )
+            where.append(queries.record_labelled(len(values)))
             params += [name, *values]
         return where, params
 
@@ -303,10 +268,7 @@ class RecordsStore:
         for start in range(0, len(wanted), 500):
             chunk = wanted[start : start + 500]
             rows = self.database.execute_sql(
-                self._sql(
-                    "SELECT DISTINCT key FROM session_record WHERE session_id = ? AND kind = ? "
-                    f"AND namespace = ? AND parent_key IN ({', '.join('?' for _ in chunk)})"
-                ),
+                self._sql(queries.child_keys(len(chunk))),
                 [session_id, kind, namespace, *chunk],
             ).fetchall()
             found |= {str(key) for (key,) in rows}
@@ -325,10 +287,8 @@ class RecordsStore:
             if namespace is not None:
                 where += " AND r.namespace = ?"
                 params.append(namespace)
-            where += f" AND r.key IN ({', '.join('?' for _ in chunk)})"
-            found += self._rows(
-                f"SELECT {_SELECT} FROM session_record r WHERE {where}", params + chunk
-            )
+            where += " AND " + queries.keys_in(len(chunk))
+            found += self._rows(queries.records_where(_COLUMNS, where), params + chunk)
         return found
 
     def payloads(self, places: Iterable[tuple[int, int]]) -> dict[tuple[int, int], bytes]:
@@ -341,10 +301,7 @@ class RecordsStore:
             return {}
         seqs = sorted(by_seq)
         rows = self.database.execute_sql(
-            self._sql(
-                "SELECT seq, format, payload FROM session_log "
-                f"WHERE seq IN ({', '.join('?' for _ in seqs)})"
-            ),
+            self._sql(queries.log_rows(len(seqs))),
             seqs,
         ).fetchall()
         found: dict[tuple[int, int], bytes] = {}

@@ -8,7 +8,7 @@ back in the history exactly when its retraction is abandoned.
 
 A history read leaves a message out when the session reading it, or an ancestor
 whose history it shares up to a fork point after the retraction, retracted it
-(`NOT_RETRACTED`): a fork keeps its parent's messages as they were at the fork.
+(`queries.NOT_RETRACTED`): a fork keeps its parent's messages as they were at the fork.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import peewee
 
-from session_service.storage.kinds import MESSAGE_APPENDED
+from session_service.storage import queries
 from switchboard.database import Backend, bind_model
 
 
@@ -33,15 +33,6 @@ class RetractionRow(peewee.Model):
         indexes = ((("by_seq",), False), (("session_id",), False))
 
 
-#: The condition a history read adds for the session it reads (two parameters: the
-#: session id twice). Unqualified `seq` is the session_log row's.
-NOT_RETRACTED = (
-    "NOT EXISTS (SELECT 1 FROM session_retraction x WHERE x.message_seq = session_log.seq "
-    "AND (x.session_id = ? OR EXISTS (SELECT 1 FROM session_lineage g WHERE g.session_id = ? "
-    "AND g.ancestor_id = x.session_id AND x.by_seq <= g.until_seq)))"
-)
-
-
 class RetractionStore:
     def __init__(self, backend: Backend) -> None:
         self.database: Any = backend.database
@@ -52,10 +43,7 @@ class RetractionStore:
     def index(self, session_id: str, by_seq: int, sequences: Sequence[int]) -> None:
         for message_seq in sequences:
             self.database.execute_sql(
-                self._sql(
-                    "INSERT INTO session_retraction (message_seq, session_id, by_seq) "
-                    "VALUES (?, ?, ?) ON CONFLICT DO NOTHING"
-                ),
+                self._sql(queries.INSERT_RETRACTION),
                 [message_seq, session_id, by_seq],
             )
 
@@ -63,37 +51,26 @@ class RetractionStore:
         """(format, payload) of the history messages at `seqs` that the session's
         history holds now (its own, or an ancestor's up to the fork point; active, not
         retracted), oldest first: one statement."""
-        marks = ", ".join("?" for _ in seqs)
         rows = self.database.execute_sql(
-            self._sql(
-                f"SELECT format, payload FROM session_log WHERE seq IN ({marks}) "
-                f"AND kind = '{MESSAGE_APPENDED}' AND active = ? AND (session_id = ? OR EXISTS "
-                "(SELECT 1 FROM session_lineage g WHERE g.session_id = ? "
-                "AND g.ancestor_id = session_log.session_id AND session_log.seq <= g.until_seq)) "
-                f"AND {NOT_RETRACTED} ORDER BY seq"
-            ),
+            self._sql(queries.visible_messages(len(seqs))),
             [*seqs, True, session_id, session_id, session_id, session_id],
         ).fetchall()
         return [(int(fmt), payload) for fmt, payload in rows]
 
     def drop_between(self, first: int, last: int) -> None:
         self.database.execute_sql(
-            self._sql("DELETE FROM session_retraction WHERE by_seq >= ? AND by_seq <= ?"),
+            self._sql(queries.DELETE_RETRACTIONS_BETWEEN),
             [first, last],
         )
 
     def drop_session(self, session_id: str) -> None:
-        self.database.execute_sql(
-            self._sql("DELETE FROM session_retraction WHERE session_id = ?"), [session_id]
-        )
+        self.database.execute_sql(self._sql(queries.DELETE_RETRACTIONS_OF_SESSION), [session_id])
 
     def clear(self) -> None:
-        self.database.execute_sql("DELETE FROM session_retraction")
+        self.database.execute_sql(queries.DELETE_RETRACTIONS)
 
     def rows(self) -> set[tuple[Any, ...]]:
         return {
             (int(m), str(s), int(b))
-            for m, s, b in self.database.execute_sql(
-                "SELECT message_seq, session_id, by_seq FROM session_retraction"
-            ).fetchall()
+            for m, s, b in self.database.execute_sql(queries.RETRACTION_ROWS).fetchall()
         }

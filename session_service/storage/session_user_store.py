@@ -12,6 +12,7 @@ from typing import Any
 
 import peewee
 
+from session_service.storage import queries
 from switchboard.database import Backend, bind_model
 
 
@@ -34,26 +35,18 @@ class SessionUserStore:
 
     def put(self, session_id: str, agent: str, user_id: str) -> None:
         self.database.execute_sql(
-            self._sql(
-                "INSERT INTO session_of_user (session_id, agent, user_id) VALUES (?, ?, ?) "
-                "ON CONFLICT (session_id) DO UPDATE SET agent = excluded.agent, "
-                "user_id = excluded.user_id"
-            ),
+            self._sql(queries.PUT_SESSION_USER),
             [session_id, agent, user_id],
         )
 
     def drop(self, session_id: str) -> None:
-        self.database.execute_sql(
-            self._sql("DELETE FROM session_of_user WHERE session_id = ?"), [session_id]
-        )
+        self.database.execute_sql(self._sql(queries.DELETE_SESSION_USER), [session_id])
 
     def clear(self) -> None:
-        self.database.execute_sql("DELETE FROM session_of_user")
+        self.database.execute_sql(queries.DELETE_SESSION_USERS)
 
     def rows(self) -> set[tuple[Any, ...]]:
         return {
             (str(s), str(a), str(u))
-            for s, a, u in self.database.execute_sql(
-                "SELECT session_id, agent, user_id FROM session_of_user"
-            ).fetchall()
+            for s, a, u in self.database.execute_sql(queries.SESSION_USER_ROWS).fetchall()
         }

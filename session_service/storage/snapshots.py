@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from session_service import storage_format
 from session_service.records import Agent, SessionState
+from session_service.storage import queries
 from session_service.storage.schema import Part
 
 S = TypeVar("S", Agent, SessionState)
@@ -18,11 +19,7 @@ class Snapshots(Part):
     ) -> tuple[int, S] | None:
         """The newest snapshot whose sequence is active (one taken at a sequence a
         rewind later abandoned describes a state that no longer exists), and its seq."""
-        bound = "" if until is None else " AND seq <= ?"
-        sql = self._sql(
-            "SELECT seq, format, state FROM session_snapshot "
-            f"WHERE entity = ? AND active = ?{bound} ORDER BY seq DESC LIMIT 1"
-        )
+        sql = self._sql(queries.latest_snapshot(bounded=until is not None))
         row = self.database.execute_sql(
             sql, [entity, True, *([] if until is None else [until])]
         ).fetchone()

@@ -21,7 +21,7 @@ import peewee
 
 from session_service import storage_format
 from session_service.records import StateChanged, StateScope
-from session_service.storage.kinds import STATE_CHANGED
+from session_service.storage import queries
 from switchboard.database import Backend, bind_model
 
 
@@ -92,22 +92,10 @@ class StateStore:
         self.EventIndex = bind_model(StateEventRow, self.database)
         self.Base = bind_model(StateBaseRow, self.database)
         self.models = (self.Value, self.EventIndex, self.Base)
-        self._upsert_value = self._sql(
-            "INSERT INTO session_state_value (owner, key, value, seq) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT (owner, key) DO UPDATE SET value = excluded.value, seq = excluded.seq"
-        )
-        self._delete_value = self._sql(
-            "DELETE FROM session_state_value WHERE owner = ? AND key = ?"
-        )
-        self._index_event = self._sql(
-            "INSERT INTO session_state_event (seq, owner) VALUES (?, ?) ON CONFLICT DO NOTHING"
-        )
-        # An owner's active events, through the index (never a scan of the log).
-        self._owner_events = self._sql(
-            "SELECT l.format, l.payload FROM session_state_event e "
-            "JOIN session_log l ON l.seq = e.seq WHERE e.owner = ? AND l.active = ? "
-            f"AND l.kind = '{STATE_CHANGED}' AND l.seq <= ? ORDER BY e.seq"
-        )
+        self._upsert_value = self._sql(queries.UPSERT_STATE_VALUE)
+        self._delete_value = self._sql(queries.DELETE_STATE_VALUE)
+        self._index_event = self._sql(queries.INDEX_STATE_EVENT)
+        self._owner_events = self._sql(queries.OWNER_EVENTS)
 
     # -- the read model ----------------------------------------------------------------------
 
@@ -116,11 +104,8 @@ class StateStore:
         found: dict[str, dict[str, str]] = {owner: {} for owner in owners}
         if not owners:
             return found
-        marks = ", ".join("?" for _ in owners)
         rows = self.database.execute_sql(
-            self._sql(
-                f"SELECT owner, key, value FROM session_state_value WHERE owner IN ({marks})"
-            ),
+            self._sql(queries.state_values(len(owners))),
             list(owners),
         ).fetchall()
         for owner, key, value in rows:
@@ -130,10 +115,7 @@ class StateStore:
     def size(self, owner: str) -> int:
         """The bytes an owner's entries take (keys and values, as stored)."""
         row = self.database.execute_sql(
-            self._sql(
-                "SELECT COALESCE(SUM(LENGTH(key) + LENGTH(value)), 0) FROM session_state_value "
-                "WHERE owner = ?"
-            ),
+            self._sql(queries.STATE_SIZE),
             [owner],
         ).fetchone()
         return int(row[0])
@@ -151,7 +133,7 @@ class StateStore:
     def owners_between(self, first: int, last: int) -> set[str]:
         """The owners of StateChanged rows in [first, last] (active or not)."""
         rows = self.database.execute_sql(
-            self._sql("SELECT DISTINCT owner FROM session_state_event WHERE seq >= ? AND seq <= ?"),
+            self._sql(queries.STATE_OWNERS_BETWEEN),
             [first, last],
         ).fetchall()
         return {str(owner) for (owner,) in rows}
@@ -161,7 +143,7 @@ class StateStore:
         entries = {
             str(key): str(value)
             for key, value in self.database.execute_sql(
-                self._sql("SELECT key, value FROM session_state_base WHERE owner = ?"), [owner]
+                self._sql(queries.STATE_BASE), [owner]
             ).fetchall()
         }
         bound = until if until is not None else 2**62
@@ -175,55 +157,40 @@ class StateStore:
 
     def rewrite(self, owner: str, entries: dict[str, str], seq: int) -> None:
         """Rewrites an owner's read model (after a move refolded it)."""
-        self.database.execute_sql(
-            self._sql("DELETE FROM session_state_value WHERE owner = ?"), [owner]
-        )
+        self.database.execute_sql(self._sql(queries.DELETE_STATE_VALUES_OF), [owner])
         for key, value in entries.items():
             self.database.execute_sql(self._upsert_value, [owner, key, value, seq])
 
     def keep_base_below(self, below: int) -> None:
         """Before TruncateLog deletes the rows below `below`: each owner with events
         there gets its fold up to them as its base, and their index rows go."""
-        rows = self.database.execute_sql(
-            self._sql("SELECT DISTINCT owner FROM session_state_event WHERE seq < ?"), [below]
-        ).fetchall()
+        rows = self.database.execute_sql(self._sql(queries.STATE_OWNERS_BELOW), [below]).fetchall()
         for (owner,) in rows:
             entries = self.fold(str(owner), until=below - 1)
-            self.database.execute_sql(
-                self._sql("DELETE FROM session_state_base WHERE owner = ?"), [owner]
-            )
+            self.database.execute_sql(self._sql(queries.DELETE_STATE_BASE_OF), [owner])
             for key, value in entries.items():
                 self.database.execute_sql(
-                    self._sql(
-                        "INSERT INTO session_state_base (owner, key, value) VALUES (?, ?, ?)"
-                    ),
+                    self._sql(queries.INSERT_STATE_BASE),
                     [owner, key, value],
                 )
-        self.database.execute_sql(
-            self._sql("DELETE FROM session_state_event WHERE seq < ?"), [below]
-        )
+        self.database.execute_sql(self._sql(queries.DELETE_STATE_EVENTS_BELOW), [below])
 
     # -- erasure and rebuild ----------------------------------------------------------------
 
     def forget(self, owner: str) -> None:
         """Everything kept of an erased owner (its events' rows are tombstones now)."""
-        for table in ("session_state_value", "session_state_base", "session_state_event"):
-            self.database.execute_sql(self._sql(f"DELETE FROM {table} WHERE owner = ?"), [owner])
+        for statement in queries.FORGET_STATE_OWNER:
+            self.database.execute_sql(self._sql(statement), [owner])
 
     def reset_to_bases(self) -> None:
         """A rebuild's start: the read model as the bases alone (events then replay)."""
-        self.database.execute_sql("DELETE FROM session_state_value")
-        self.database.execute_sql(
-            "INSERT INTO session_state_value (owner, key, value, seq) "
-            "SELECT owner, key, value, 0 FROM session_state_base"
-        )
+        self.database.execute_sql(queries.DELETE_STATE_VALUES)
+        self.database.execute_sql(queries.STATE_VALUES_FROM_BASES)
 
     def rows(self) -> set[tuple[Any, ...]]:
         """The read model as a set, for comparing before and after a rebuild (the
         sequence that set a value is bookkeeping, left out)."""
         return {
             (str(owner), str(key), str(value))
-            for owner, key, value in self.database.execute_sql(
-                "SELECT owner, key, value FROM session_state_value"
-            ).fetchall()
+            for owner, key, value in self.database.execute_sql(queries.STATE_VALUE_ROWS).fetchall()
         }
