@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from typing import Any
 
 from bench import loadgen, servers
@@ -52,7 +51,7 @@ def _measure(service: str, workers: int, ctx: Context, backend: servers.Backend)
     )
     with servers.serving(service, backend, "--workers", str(workers)) as server:
         if workers > 1:
-            _await_ready_line(server)
+            server.wait_for_line("ready;")  # the pids are printed before it
         pids = _serving_pids(server)
         before = _cpu_s(pids)
         measured = loadgen.run(server, load)
@@ -63,15 +62,6 @@ def _measure(service: str, workers: int, ctx: Context, backend: servers.Backend)
     measured.name = f"{service} --workers {workers}"
     ctx.say(f"[workers] {measured.name}: {describe(measured)}")
     return measured
-
-
-def _await_ready_line(server: servers.ServerProcess) -> None:
-    """The parent prints the workers' pids just before its ready line."""
-    deadline = time.monotonic() + 60
-    while not any("ready;" in line for line in server.output):
-        if time.monotonic() > deadline:
-            raise RuntimeError("".join(server.output[-20:]))
-        time.sleep(0.05)
 
 
 def run(ctx: Context) -> Section:

@@ -49,10 +49,7 @@ def _workers(tmp_path: Path, count: int = 2) -> Iterator[ServerProcess]:
         )
         server.start(timeout_s=120)
         try:
-            deadline = time.monotonic() + 60
-            while not any("ready;" in line for line in server.output):
-                assert time.monotonic() < deadline, "".join(server.output)
-                time.sleep(0.05)
+            server.wait_for_line("ready;")
             yield server
         finally:
             if server.process is not None and server.process.poll() is None:
@@ -182,11 +179,7 @@ def test_a_worker_that_dies_stops_the_others_and_the_parent_exits_1(tmp_path: Pa
         assert server.process is not None
         assert server.process.wait(timeout=60) == 1
         assert _gone(first)
-        said = f"pid {second}) exited with code -9"
-        deadline = time.monotonic() + 10  # the output thread may still be reading
-        while not any(said in line for line in server.output):
-            assert time.monotonic() < deadline, "".join(server.output)
-            time.sleep(0.05)
+        server.wait_for_line(f"pid {second}) exited with code -9", timeout_s=10)
 
 
 @pytest.mark.parametrize(
