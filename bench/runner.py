@@ -38,6 +38,7 @@ from bench import (
     servers,
     throughput,
     timetravel,
+    workers,
 )
 from bench.peers import goals
 from bench.plan import SCALES, Context, Section
@@ -73,6 +74,7 @@ SECTIONS: dict[str, Callable[[Context], Section]] = {
     "langgraph": langgraph_checkpoints.run,
     "adk": adk_adapter.run,
     "openai-agents": openai_agents_session.run,
+    "workers": workers.run,
 }
 #: The goal-line figures each section gives.
 SIDES = {**throughput.SIDES, "timetravel": timetravel.SIDES, "peers": tuple(goals.PEER_SIDES)}

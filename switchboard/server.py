@@ -85,6 +85,9 @@ class ServerSettings:
     #: failed UNAVAILABLE), and how long one may take before it counts as failed.
     health_probe_interval_s: float = 1.0
     health_probe_timeout_s: float = 2.0
+    #: Several processes listen on one port (SO_REUSEPORT: the kernel spreads new
+    #: connections over them); off, a port another process holds is an error.
+    share_port: bool = False
 
     def credentials(self) -> grpc.ServerCredentials | None:
         if self.tls_cert is None or self.tls_key is None:
@@ -111,7 +114,7 @@ def channel_options(settings: ServerSettings) -> list[tuple[str, int]]:
         ("grpc.keepalive_time_ms", int(settings.keepalive_time_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if settings.share_port else 0),
     ]
     if settings.max_connections is not None:
         options.append(("grpc.max_allowed_incoming_connections", settings.max_connections))

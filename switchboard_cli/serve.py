@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import dataclasses
+import functools
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ from switchboard.observability import (
     AccessLevel,
     RpcMetrics,
     StateCollector,
+    configure_logging,
     serve_metrics,
 )
 from switchboard.server import GrpcApp, ServerSettings, serve_until_signalled
@@ -41,6 +46,7 @@ from switchboard_cli.options import (
     log_options,
     relog,
 )
+from switchboard_cli.workers import Ready, Supervisor, WorkersFailed, drain_when_orphaned
 from switchboard_console.server import serve_with_console
 
 
@@ -114,6 +120,7 @@ class ServeOptions:
     no_migrate: bool
     console_listen: str
     console_read_only: bool
+    workers: int
 
     def serves(self, service: Service) -> bool:
         return self.which in ("all", service)
@@ -424,26 +431,149 @@ class Checked:
     envvar="SWITCHBOARD_CONSOLE_READ_ONLY",
     help="The console of --console-listen refuses every write.",
 )
+@click.option(
+    "--workers",
+    default=1,
+    type=int,
+    envvar="SWITCHBOARD_WORKERS",
+    show_default=True,
+    help="Server processes sharing each port (SO_REUSEPORT), Postgres only: about one "
+    "core each (see docs/performance.md). A worker that dies stops them all (exit 1); "
+    "with --metrics-listen host:P worker i serves its metrics on P+i.",
+)
 def serve(**parsed: Any) -> None:
     """Run the services until SIGTERM or Ctrl-C (then drain and exit 0)."""
     options = ServeOptions(**parsed)
-    relog(click.get_current_context(), options.log_level, options.log_format)
+    ctx = click.get_current_context()
+    relog(ctx, options.log_level, options.log_format)
     checked = _checked(options)
+    if options.workers > 1:
+        _supervise(_worker_options(options, ctx), checked)
+        return
+    _serve_here(options, checked)
+
+
+def _serve_here(
+    options: ServeOptions,
+    checked: Checked,
+    report: Callable[[Sequence[GrpcApp], int], None] | None = None,
+) -> None:
+    """One process serving every asked service (a worker's body as well). `report`
+    replaces the printed addresses: it gets the started apps and the metrics port."""
     registry = CollectorRegistry()
     metrics = RpcMetrics(registry) if options.metrics_listen else None
     apps = _apps(options, checked, metrics)
+    metrics_port = 0
     if options.metrics_listen:
         for app in apps.values():
             registry.register(StateCollector(app.unit.gauges))
-        port = serve_metrics(registry, options.metrics_listen)
-        click.echo(f"switchboard: metrics on {options.metrics_listen.rpartition(':')[0]}:{port}")
-    _run(options, apps, checked)
+        metrics_port = serve_metrics(registry, options.metrics_listen)
+        if report is None:
+            host = options.metrics_listen.rpartition(":")[0]
+            click.echo(f"switchboard: metrics on {host}:{metrics_port}")
+    _run(options, apps, checked, None if report is None else lambda a: report(a, metrics_port))
+
+
+def _worker_options(options: ServeOptions, ctx: click.Context) -> ServeOptions:
+    """The options a worker process runs with: the logging the group chose is carried
+    (a spawned process starts with none)."""
+    chosen = ctx.find_object(dict) or {}
+    return dataclasses.replace(
+        options,
+        log_level=options.log_level or chosen.get("log_level", "INFO"),
+        log_format=options.log_format or chosen.get("log_format", "json"),
+    )
+
+
+def _listens(options: ServeOptions) -> dict[Service, str]:
+    listens: dict[Service, str] = {
+        "session": options.session_listen,
+        "delivery": options.delivery_listen,
+    }
+    return {service: listen for service, listen in listens.items() if options.serves(service)}
+
+
+def _supervise(options: ServeOptions, checked: Checked) -> None:
+    """N workers on shared ports; the addresses and readiness printed as one process
+    prints them, once all serve."""
+    target = functools.partial(_worker_main, options, checked)
+    supervisor = Supervisor(target, options.workers, options.drain_grace)
+    try:
+        listens = {str(service): listen for service, listen in _listens(options).items()}
+        readies = supervisor.start(listens, timeout_s=120.0)
+    except WorkersFailed as failed:
+        raise click.ClickException(str(failed)) from failed
+    _announce_workers(options, checked, readies, supervisor)
+    try:
+        supervisor.watch()
+    except WorkersFailed as failed:
+        raise click.ClickException(str(failed)) from failed
+    if not supervisor.clean_exit():
+        sys.exit(1)
+
+
+def _announce_workers(
+    options: ServeOptions, checked: Checked, readies: list[Ready], supervisor: Supervisor
+) -> None:
+    names = {"session": "SessionService", "delivery": "DeliveryService"}
+    for service, listen in _listens(options).items():
+        host = listen.rsplit(":", 1)[0]
+        url = redacted(checked.database_urls[service])
+        click.echo(
+            f"switchboard: {names[service]} listening on {host}:{readies[0][service]} ({url})"
+        )
+    if options.metrics_listen:
+        host = options.metrics_listen.rpartition(":")[0]
+        for index, ready in enumerate(readies):
+            click.echo(f"switchboard: metrics of worker {index} on {host}:{ready['metrics']}")
+    pids = ", ".join(str(worker.process.pid) for worker in supervisor.workers)
+    click.echo(f"switchboard: {options.workers} workers share the ports (pids {pids})")
+    click.echo("switchboard: ready; Ctrl-C or SIGTERM drains and stops")
+
+
+def _worker_main(
+    options: ServeOptions,
+    checked: Checked,
+    index: int,
+    listens: Mapping[str, str],
+    pipe: Connection,
+) -> None:
+    """A worker process: serves on `listens` (the ports the first worker got), reports
+    its ports on `pipe` once serving, and drains on SIGTERM."""
+    configure_logging(options.log_level or "INFO", json_format=options.log_format == "json")
+    drain_when_orphaned()
+    metrics_listen = options.metrics_listen
+    if metrics_listen and not metrics_listen.endswith(":0"):
+        host, _, port = metrics_listen.rpartition(":")
+        metrics_listen = f"{host}:{int(port) + index}"  # one endpoint per worker
+    mine = dataclasses.replace(
+        options,
+        session_listen=listens.get("session", options.session_listen),
+        delivery_listen=listens.get("delivery", options.delivery_listen),
+        metrics_listen=metrics_listen,
+    )
+
+    def report(apps: Sequence[GrpcApp], metrics_port: int) -> None:
+        ready: Ready = {_service_of(app): app.port for app in apps}
+        pipe.send({**ready, "metrics": metrics_port})
+        pipe.close()
+
+    try:
+        _serve_here(mine, checked, report)
+    except click.ClickException as refused:
+        refused.show()
+        sys.exit(refused.exit_code)
+
+
+def _service_of(app: GrpcApp) -> str:
+    return "session" if app.unit.service_name.endswith("SessionService") else "delivery"
 
 
 def _checked(options: ServeOptions) -> Checked:
     """Every option that can be refused is, before anything is opened."""
     if options.console_listen and options.which != "all":
         raise click.UsageError("--console-listen needs both services: `serve all`")
+    _check_workers(options)
     try:
         grants = parse_tokens(options.auth_tokens)
         check_sendable(grants)
@@ -471,7 +601,33 @@ def _checked(options: ServeOptions) -> Checked:
         for service, url in given.items()
         if options.serves(service)
     }
+    if options.workers > 1:
+        _check_shared_database(urls)
     return Checked(grants, key, urls)
+
+
+def _check_workers(options: ServeOptions) -> None:
+    if options.workers < 1:
+        raise click.BadParameter(
+            f"{options.workers}: give 1 (one process) or more", param_hint="--workers"
+        )
+    if options.workers > 1 and options.console_listen:
+        raise click.UsageError(
+            "--console-listen serves one console beside one process: run it with "
+            "--workers 1, or `switchboard console` beside the workers"
+        )
+
+
+def _check_shared_database(urls: Mapping[Service, str]) -> None:
+    """Several workers write one database: only Postgres takes writers from several
+    processes (a SQLite file has one writer process; more would wait on its lock)."""
+    for service, url in urls.items():
+        if not url.startswith(("postgres://", "postgresql://")):
+            raise click.UsageError(
+                f"--workers above 1 needs a Postgres database: the {service} database is "
+                f"{redacted(url)}, and SQLite keeps one writer process (run --workers 1, "
+                "or give a postgresql:// URL)"
+            )
 
 
 def _database(options: ServeOptions, url: str) -> DatabaseSettings:
@@ -503,6 +659,7 @@ def _server(
         tls_cert=options.tls_cert,
         tls_key=options.tls_key,
         tls_client_ca=options.tls_client_ca,
+        share_port=options.workers > 1,
     )
 
 
@@ -554,8 +711,14 @@ def _apps(
     return apps
 
 
-def _run(options: ServeOptions, apps: dict[Service, GrpcApp], checked: Checked) -> None:
-    """Serves until SIGTERM or Ctrl-C, the console beside the services when asked."""
+def _run(
+    options: ServeOptions,
+    apps: dict[Service, GrpcApp],
+    checked: Checked,
+    on_ready: Callable[[Sequence[GrpcApp]], None] | None = None,
+) -> None:
+    """Serves until SIGTERM or Ctrl-C, the console beside the services when asked;
+    `on_ready` replaces the printed addresses (a worker reports to its parent)."""
     urls = {id(app): redacted(checked.database_urls[service]) for service, app in apps.items()}
     served = list(apps.values())
 
@@ -566,7 +729,7 @@ def _run(options: ServeOptions, apps: dict[Service, GrpcApp], checked: Checked) 
         click.echo("switchboard: ready; Ctrl-C or SIGTERM drains and stops")
 
     if not options.console_listen:
-        asyncio.run(serve_until_signalled(served, announce))
+        asyncio.run(serve_until_signalled(served, on_ready or announce))
         return
     asyncio.run(
         serve_with_console(

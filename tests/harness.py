@@ -342,6 +342,17 @@ class ServerProcess:
         said = "".join(self.output[-20:])
         raise RuntimeError(f"server did not start (exit code {self.process.poll()}):\n{said}")
 
+    def wait_for_line(self, text: str, timeout_s: float = 60.0) -> str:
+        """The first line of the output after the listening line that holds `text` (e.g.
+        `serve --workers`' "ready;", printed once every worker serves)."""
+        deadline = time.monotonic() + timeout_s
+        while not (found := [line for line in self.output if text in line]):
+            if time.monotonic() > deadline:
+                said = "".join(self.output[-20:])
+                raise RuntimeError(f"no line with {text!r} in {timeout_s} s:\n{said}")
+            time.sleep(0.05)
+        return found[0]
+
     def _drain_output(self) -> None:
         assert self.process is not None and self.process.stdout is not None
         for line in self.process.stdout:
