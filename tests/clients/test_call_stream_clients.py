@@ -21,6 +21,7 @@ from switchboard_client import (
 )
 
 from session_service.app import SessionUnit
+from session_service.composition import build_parts
 from session_service.core import SessionLimits
 from session_service.servicer import SessionServicer
 from switchboard.database import DatabaseSettings
@@ -141,7 +142,7 @@ class _UnitWithoutStream(SessionUnit):
     """A SessionService as a server from before CallStream: gRPC answers it UNIMPLEMENTED."""
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
-        self.servicer = SessionServicer(self.core, self.requests)
+        self.servicer = SessionServicer(build_parts(self.core), self.requests)
         stripped: Any = _WithoutCallStream(server)
         pb_grpc.add_SessionServiceServicer_to_server(self.servicer, stripped)
 
