@@ -129,7 +129,7 @@ def _command(name: str, rest: list[str]) -> list[str]:
             return ["-m", "pytest", *rest]
         # The whole suite, a module per worker at a time (module fixtures stay shared).
         workers = max(2, min(os.cpu_count() or 2, MAX_TEST_WORKERS))
-        return ["-m", "pytest", "-n", str(workers), "--dist", "loadscope"]
+        return ["-m", "pytest", "-n", str(workers), "--dist", "loadscope", "--durations=25"]
     # `serve` serves both services unless told which.
     which = [] if rest and rest[0] in SERVED else ["all"]
     return ["-m", "switchboard_cli", "serve", *which, *rest]

@@ -24,6 +24,35 @@ _REQUIRE_POSTGRES = os.environ.get("CI", "").lower() in ("1", "true") or os.envi
 _POSTGRES_DOWN = postgres_unreachable_reason()
 
 
+#: Modules that take minutes each (image builds, wheel installs, the frameworks' own
+#: suites, browsers, benchmarks, long rounds), in the order they start: on several
+#: workers (`python3 dev.py test`) they overlap the many short modules instead of
+#: ending the run alone.
+LONG_FIRST = (
+    "tests/deploy/test_image.py",
+    "tests/deploy/test_wheels.py",
+    "tests/frameworks/openai_agents/",
+    "tests/test_bench_sections.py",
+    "tests/docs/",
+    "tests/console/",
+    "tests/chaos/",
+    "tests/frameworks/",
+    "tests/session/test_many_rewinds.py",
+    "tests/test_quality.py",
+)
+
+
+def _start_rank(item: pytest.Item) -> int:
+    return next(
+        (rank for rank, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)),
+        len(LONG_FIRST),
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_start_rank)  # stable: each module keeps its own order
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if _POSTGRES_DOWN and _REQUIRE_POSTGRES:
         pytest.exit(f"{_POSTGRES_DOWN}; CI requires the Postgres tests to run", returncode=3)
