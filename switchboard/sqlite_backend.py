@@ -187,6 +187,9 @@ class SqliteBackend:
             with closing(self.file.connect_existing(timeout_s=1.0)) as connection:
                 connection.execute("PRAGMA schema_version").fetchone()
         except sqlite3.Error as exc:
+            # The file may have gone between the check above and the open: say so,
+            # not "cannot be opened" (which would open the runner's outage window).
+            self.file.check()
             fault = self.translate(exc)
             raise Unavailable(
                 fault.reason if fault else "DATABASE_UNAVAILABLE",

@@ -343,6 +343,32 @@ def test_a_data_file_deleted_or_replaced_under_the_server_refuses_calls(
             assert tables == {"unrelated"}, "the server wrote into the file put in its place"
 
 
+def test_a_file_deleted_while_the_health_probe_opens_it_is_reported_as_lost(
+    loop_thread: EventLoopThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The health probe checks the file, then opens it: a deletion landing between
+    the two must still say DATABASE_FILE_LOST (the probe's error opens the outage
+    window, whose error every call then answers)."""
+    path = tmp_path / "ledger.sqlite3"
+    unit = DeliveryUnit(DatabaseSettings(url=f"sqlite:///{path}"))
+    with served(loop_thread, unit) as gateway:
+        gateway.record(message_ref="before")
+        backend = unit.store.backend
+        opening = backend.file.connect_existing
+
+        def deleted_first(timeout_s: float) -> sqlite3.Connection:
+            if path.exists():
+                path.unlink()
+            return opening(timeout_s)
+
+        monkeypatch.setattr(backend.file, "connect_existing", deleted_first)
+        with pytest.raises(Unavailable) as probed:
+            unit.probe()
+        assert probed.value.reason == "DATABASE_FILE_LOST", probed.value
+        error = refused(lambda: gateway.record(message_ref="after"))
+        assert error_reason(error) == "DATABASE_FILE_LOST", error
+
+
 # -- the clock ----------------------------------------------------------------------------------
 
 
