@@ -5,6 +5,7 @@ scope checks, deadlines), concurrently, and two gateways racing through streams 
 
 from __future__ import annotations
 
+import os
 import queue
 import uuid
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ GRANTS = parse_tokens("tok-admin-0123=admin;tok-main-0123=agents:main;tok-other-
 ADMIN = (("authorization", "Bearer tok-admin-0123"),)
 MAIN = (("authorization", "Bearer tok-main-0123"),)
 OTHER = (("authorization", "Bearer tok-other-012"),)
+#: Rounds of the stream race; SWITCHBOARD_RACE_ROUNDS=1000 for the long run.
+RACE_ROUNDS = int(os.environ.get("SWITCHBOARD_RACE_ROUNDS", "10"))
 
 
 @pytest.fixture
@@ -174,44 +177,44 @@ def test_many_carried_appends_race_on_one_version_and_exactly_one_wins(
     )
 
 
-def test_two_gateways_racing_through_streams_keep_versions_exact(
+def test_gateways_racing_through_streams_keep_versions_exact(
     start_session: StartSession,
 ) -> None:
-    """Two servers on one database, a stream to each; each round both send appends on
-    the same expected_version: one wins per round, and the session has one event per round."""
-    first, second = start_session(), start_session()
-    create_agent(first.stub, "main")
-    session_id = resolve(first.stub, **web("two-gateways")).session.session_id
-    rounds = 10
-    version = first.stub.GetSession(
-        pb.GetSessionRequest(agent="main", session_id=session_id)
-    ).session.version
-    with ThreadPoolExecutor(2) as pool:
-        for round_number in range(rounds):
+    """Three servers on one database, a stream to each; each round 8 appends on the
+    same expected_version, spread over the streams (so the writers batch them): one
+    wins per round, and the session has one event per round. SWITCHBOARD_RACE_ROUNDS
+    sets the rounds (1,000 for the long run)."""
+    servers = [start_session() for _ in range(3)]
+    create_agent(servers[0].stub, "main")
+    session_id = resolve(servers[0].stub, **web("three-gateways")).session.session_id
+    version = (
+        servers[0]
+        .stub.GetSession(pb.GetSessionRequest(agent="main", session_id=session_id))
+        .session.version
+    )
+    with ThreadPoolExecutor(len(servers)) as pool:
+        for round_number in range(RACE_ROUNDS):
             calls = [
                 (
                     "append_events",
-                    _append(session_id, f"r{round_number} g{g} c{c}", expected_version=version),
+                    _append(session_id, f"r{round_number} c{c}", expected_version=version),
                 )
-                for g in range(2)
-                for c in range(3)
+                for c in range(8)
             ]
             results = list(
                 pool.map(
                     lambda pair: carry(pair[0].stub.CallStream, pb.CallStreamRequest, pair[1]),
-                    [(first, calls[:3]), (second, calls[3:])],
+                    [(server, calls[n :: len(servers)]) for n, server in enumerate(servers)],
                 )
             )
-            won = [
-                a
-                for answers in results
-                for a in answers
-                if a.WhichOneof("result") == "append_events"
-            ]
+            answers = [a for batch in results for a in batch]
+            won = [a for a in answers if a.WhichOneof("result") == "append_events"]
             assert len(won) == 1, f"round {round_number}: {len(won)} winners"
+            lost = {a.error.code for a in answers if a.WhichOneof("result") == "error"}
+            assert lost == {code_pb2.ABORTED}, f"round {round_number}: {lost}"
             version = won[0].append_events.version
-    history = first.stub.GetHistory(pb.GetHistoryRequest(agent="main", session_id=session_id))
-    assert len(history.messages) == rounds
+    history = servers[1].stub.GetHistory(pb.GetHistoryRequest(agent="main", session_id=session_id))
+    assert len(history.messages) == RACE_ROUNDS
 
 
 def test_a_draining_server_answers_the_calls_in_flight_and_ends_its_streams(
