@@ -81,12 +81,11 @@ def _switchboard_sessions(address: str, stack: ExitStack) -> SessionFactory:
     def make(operation: str, clients: int) -> list[Any]:
         from switchboard_client.frameworks.openai_agents import SwitchboardSession
 
+        # One client for the process's sessions, as the docs show: concurrent writes
+        # then share its channel and travel over one CallStream.
+        client = stack.enter_context(SessionClient(address))
         return [
-            SwitchboardSession(
-                f"{operation}-{clients}-{n}",
-                stack.enter_context(SessionClient(address)),
-                agent=AGENT,
-            )
+            SwitchboardSession(f"{operation}-{clients}-{n}", client, agent=AGENT)
             for n in range(clients)
         ]
 
