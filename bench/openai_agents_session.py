@@ -6,8 +6,8 @@ own, on a pool of as many worker threads as clients, as `bench.peers.openai_agen
 runs the SDK): `add_items` of one user item of the benchmark's message, and
 `get_items` of a whole conversation of `HISTORY` such items. `SQLiteSession` is one
 file in process (the SDK's WAL, SQLite's default synchronous); `SwitchboardSession`
-calls a session server on each selected backend over gRPC, one `SessionClient` per
-client. Figures are operations per second and the ratio to `SQLiteSession`; the issue's
+calls a session server on each selected backend over gRPC, through one `SessionClient`
+that the sessions share (as the docs' example passes one client to its sessions). Figures are operations per second and the ratio to `SQLiteSession`; the issue's
 line is "no slower than the in-process default by more than 2x at 8 clients".
 """
 
