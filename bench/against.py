@@ -4,9 +4,11 @@ run, so that what a change cost is a ratio measured on one machine state.
 The server code of REV (a commit, tag or branch of this repository) is exported with
 `git archive` into a temporary directory, its stubs generated from its own protos, and
 its servers run from there (`bench.servers.started(code_root=…)`) under this tree's
-load generator. AppendEvents and the delivery send cycle, 8 clients over 2 channels,
-on SQLite FULL and Postgres (as selected); runs alternate this tree / REV `ROUNDS`
-times and the better of each side is kept, so a drift of the machine's speed hits both
+load generator. AppendEvents and the delivery send cycle, 8 clients over 2 channels
+(throughput); a lone writer's AppendEvents (p50) and AppendEvents offered at 500/s in
+an open loop (p99), the quiet and the steady case a batching writer must not tax; on
+SQLite FULL and Postgres (as selected). Runs alternate this tree / REV `ROUNDS` times
+and the better of each side is kept, so a drift of the machine's speed hits both
 alike. `python -m bench.instructions --against REV` counts instructions the same way.
 """
 
@@ -18,18 +20,53 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
-from bench import loadgen, servers
+from bench import loadgen, open_loop, servers
 from bench.plan import Context, Section, error_notes
 from bench.report import rate, table
 from bench.stats import Measurement
 
-CLIENTS = 8
 ROUNDS = 2
-#: What is compared: a name, the server it runs on and its workload.
-WORKLOADS = (("AppendEvents", "session", "append"), ("delivery cycle", "delivery", "cycle"))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One figure compared: a workload on a service, under a load, read as `figure`."""
+
+    name: str
+    service: str
+    workload: str
+    clients: int
+    #: Operations offered per second (an open loop); 0: a closed loop.
+    rate: float = 0.0
+    #: "rate" (higher is better), "p50" or "p99" (milliseconds, lower is better).
+    figure: str = "rate"
+
+    def value(self, measured: Measurement) -> float:
+        if self.figure == "rate":
+            return measured.cycles_per_s
+        return measured.p50_ms if self.figure == "p50" else measured.p99_ms
+
+    def better(self, found: list[Measurement]) -> Measurement:
+        pick = max if self.figure == "rate" else min
+        return pick(found, key=self.value)
+
+    def shown(self, measured: Measurement) -> str:
+        if self.figure == "rate":
+            return rate(measured.cycles_per_s)
+        return f"{self.value(measured):.2f} ms {self.figure}"
+
+
+COMPARISONS = (
+    Comparison("AppendEvents", "session", "append", clients=8),
+    Comparison("delivery cycle", "delivery", "cycle", clients=8),
+    Comparison("AppendEvents, 1 client", "session", "append", clients=1, figure="p50"),
+    Comparison("AppendEvents, open loop 500/s", "session", "append", 8, rate=500, figure="p99"),
+)
 
 
 #: What a release tree needs to serve; the packages a release may lack are left out.
@@ -78,59 +115,93 @@ def release_tree(revision: str) -> Iterator[Path]:
         yield root
 
 
-def _measure(
-    service: str, workload: str, backend: servers.Backend, root: Path, ctx: Context
-) -> Measurement:
-    load = loadgen.Load(
-        workload,
-        clients=CLIENTS,
-        channels=2,
+def _load(compared: Comparison, ctx: Context) -> loadgen.Load:
+    return loadgen.Load(
+        compared.workload,
+        clients=compared.clients,
+        channels=min(2, compared.clients),
         seconds=ctx.scale.seconds,
         warmup_s=ctx.scale.warmup_s,
+        rate=compared.rate,
     )
+
+
+def _measure_service(
+    service: str, backend: servers.Backend, root: Path, ctx: Context
+) -> dict[Comparison, Measurement]:
+    """Every comparison on `service`, one after another on one server of `root`."""
     with servers.serving(service, backend, code_root=root) as server:
-        return loadgen.run(server, load)
+        return {
+            compared: loadgen.run(server, _load(compared, ctx))
+            for compared in COMPARISONS
+            if compared.service == service
+        }
+
+
+def _pair(
+    compared: Comparison, backend: str, ours: list[Measurement], theirs: list[Measurement]
+) -> dict[str, Any]:
+    best, release = compared.better(ours), compared.better(theirs)
+    return {
+        "workload": compared.name,
+        "backend": backend,
+        "figure": compared.figure,
+        "ratio": round(compared.value(best) / max(compared.value(release), 1e-9), 3),
+        "current": best,
+        "release": release,
+    }
 
 
 def run(revision: str, ctx: Context) -> Section:
     rows, pairs, measured = [], [], []
     backends = [b for b in ctx.backends if b.key in ("sqlite-full", "postgres")]
+    services = list(dict.fromkeys(compared.service for compared in COMPARISONS))
     with release_tree(revision) as release:
         for backend in backends:
-            for name, service, workload in WORKLOADS:
-                sides: dict[Path, list[Measurement]] = {servers.REPO_ROOT: [], release: []}
-                for round_index in range(ROUNDS):
-                    for root, found in sides.items():
-                        tree = "this tree" if root == servers.REPO_ROOT else revision
+            found: dict[Path, dict[Comparison, list[Measurement]]] = {
+                root: {compared: [] for compared in COMPARISONS}
+                for root in (servers.REPO_ROOT, release)
+            }
+            for round_index in range(ROUNDS):
+                for root, by_comparison in found.items():
+                    tree = "this tree" if root == servers.REPO_ROOT else revision
+                    for service in services:
                         ctx.say(
-                            f"[against] {name} on {backend.key}, {tree}, round {round_index + 1}"
+                            f"[against] {service} on {backend.key}, {tree}, round {round_index + 1}"
                         )
-                        found.append(_measure(service, workload, backend, root, ctx))
-                ours, theirs = (
-                    max(found, key=lambda m: m.cycles_per_s) for found in sides.values()
+                        for compared, m in _measure_service(service, backend, root, ctx).items():
+                            by_comparison[compared].append(m)
+                            measured.append(m)
+            for compared in COMPARISONS:
+                pair = _pair(
+                    compared,
+                    backend.key,
+                    found[servers.REPO_ROOT][compared],
+                    found[release][compared],
                 )
-                share = ours.cycles_per_s / max(theirs.cycles_per_s, 1e-9)
                 rows.append(
                     (
-                        name,
+                        compared.name,
                         backend.key,
-                        rate(ours.cycles_per_s),
-                        rate(theirs.cycles_per_s),
-                        f"{share:.2f} x",
+                        compared.shown(pair["current"]),
+                        compared.shown(pair["release"]),
+                        f"{pair['ratio']:.2f} x",
                     )
                 )
                 pairs.append(
                     {
-                        "workload": name,
-                        "backend": backend.key,
-                        "ratio": round(share, 3),
-                        "current": ours.to_json(),
-                        "release": theirs.to_json(),
+                        **pair,
+                        "current": pair["current"].to_json(),
+                        "release": pair["release"].to_json(),
                     }
                 )
-                measured += [m for found in sides.values() for m in found]
-    header = ("workload", "backend", "this tree /s", f"{revision} /s", "ratio")
-    note = f"{CLIENTS} clients over 2 channels, best of {ROUNDS} alternating runs each"
+    header = ("workload", "backend", "this tree", revision, "ratio")
+    note = (
+        f"closed loops of 8 clients over 2 channels unless said (the open loop: "
+        f"{open_loop.LANES} sessions); best of {ROUNDS} "
+        "alternating runs each; a rate's ratio above 1 and a latency's below 1 favour "
+        "this tree"
+    )
     return Section(
         "against",
         f"This tree against {revision}",

@@ -188,7 +188,7 @@ def test_against_runs_this_tree_beside_a_revision(backend: Backend) -> None:
     done = against.run("HEAD", smoke(backend))
     pairs = done.data["pairs"]
     assert [(p["workload"], p["backend"]) for p in pairs] == [
-        ("AppendEvents", backend.key),
-        ("delivery cycle", backend.key),
+        (compared.name, backend.key) for compared in against.COMPARISONS
     ]
+    assert [p["figure"] for p in pairs] == ["rate", "rate", "p50", "p99"]
     assert all(_measured(p["current"]) and _measured(p["release"]) for p in pairs)
