@@ -213,8 +213,10 @@ def test_gateways_racing_through_streams_keep_versions_exact(
             lost = {a.error.code for a in answers if a.WhichOneof("result") == "error"}
             assert lost == {code_pb2.ABORTED}, f"round {round_number}: {lost}"
             version = won[0].append_events.version
-    history = servers[1].stub.GetHistory(pb.GetHistoryRequest(agent="main", session_id=session_id))
-    assert len(history.messages) == RACE_ROUNDS
+    state = servers[1].stub.GetSessionState(
+        pb.GetSessionStateRequest(agent="main", session_id=session_id)
+    )
+    assert state.state.session.message_count == RACE_ROUNDS
 
 
 def test_a_draining_server_answers_the_calls_in_flight_and_ends_its_streams(
