@@ -117,9 +117,10 @@ class EventLog(Part):
         session_id: str = "",
     ) -> tuple[list[Event], bool]:
         """Up to `limit` events after `after_seq` (up to `until_seq`) filtered as `read`,
-        stopping before the one that would pass `max_bytes` (the first always comes), in
-        one statement; and whether more are left. Rows past the budget come back as
-        NULLs, so their payloads never leave the database."""
+        in one statement, and whether more are left. The page ends with the event whose
+        payload reaches `max_bytes` (so it holds at least one event and passes the
+        budget by at most one); rows after it come back as NULLs, so their payloads
+        never leave the database."""
         where, params = ["seq > ?"], [after_seq]
         if until_seq is not None:
             where.append("seq <= ?")

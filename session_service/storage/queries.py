@@ -44,8 +44,9 @@ def lock_head(for_update: str) -> str:
 
 
 def page_within_budget(where: str) -> str:
-    """Rows matching `where` in order, each with its payload only while the bytes up
-    to it stay under the budget (the first parameter)."""
+    """Rows matching `where` in order, each with its payload only while the bytes of
+    the rows before it stay under the budget (the first parameter): the row that
+    reaches the budget still comes whole."""
     return (
         "SELECT format, CASE WHEN upto - size < ? THEN payload END FROM ("
         "SELECT seq, format, payload, LENGTH(payload) AS size, "

@@ -4,8 +4,10 @@
 it with `open_core` (test_sqlite.py, test_postgres.py). A new backend adds a module of
 a few lines here, and passes when its recorder keeps the log's rules: dense sequences
 in commit order, nothing of a rolled-back append, reads in sequence order, filters
-and byte budgets alike. The model is the `eventsourcing` library's recorder test
-cases: one small interface, one shared suite per implementation.
+and byte budgets alike; and the stores beside it keep theirs: snapshots read newest
+active first, a routing key claimed once, a checkpoint label taken once. The model is
+the `eventsourcing` library's recorder test cases: one small interface, one shared
+suite per implementation.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from session_service.records import (
     MessageAppended,
     Rewound,
     Role,
+    Session,
+    SessionState,
 )
 from session_service.storage.event_log import agent_entity, session_entity
 from switchboard import migrations
@@ -235,3 +239,63 @@ class EventLogContract(ABC):
         assert texts(self.read(core, lambda: log.entity_events(session_entity("s-1"), 0))) == [
             "one"
         ], "states fold active events only"
+
+    # -- the stores beside the log: snapshots, routes, checkpoints ---------------------------
+
+    def test_a_snapshot_read_is_the_newest_active_one_at_or_before_a_bound(
+        self, core: Core
+    ) -> None:
+        self.append(core, *(message("s-1", text) for text in ("one", "two", "three")))
+        entity, snapshots = session_entity("s-1"), core.store.snapshots
+
+        def state(version: int) -> SessionState:
+            return SessionState(session=Session(session_id="s-1", agent="main", version=version))
+
+        self.write(core, lambda now: snapshots.save_snapshot(entity, 1, state(1)))
+        self.write(core, lambda now: snapshots.save_snapshot(entity, 3, state(3)))
+        latest = snapshots.latest_snapshot
+        assert self.read(core, lambda: latest(entity, SessionState)) == (3, state(3))
+        assert self.read(core, lambda: latest(entity, SessionState, until=2)) == (1, state(1))
+        assert self.read(core, lambda: latest(session_entity("s-2"), SessionState)) is None
+        self.write(core, lambda now: core.store.markers.mark(3, 3, active=False))
+        assert self.read(core, lambda: latest(entity, SessionState)) == (1, state(1)), (
+            "a snapshot at an abandoned sequence describes a state that no longer exists"
+        )
+
+    def test_a_routing_key_is_claimed_once_per_agent_and_moves_only_when_set(
+        self, core: Core
+    ) -> None:
+        routes = core.store.projections
+        claim = routes.claim_route
+        assert self.write(core, lambda now: claim("main", "k", "s-1")) is True
+        assert self.write(core, lambda now: claim("main", "k", "s-2")) is False
+        assert self.write(core, lambda now: claim("other", "k", "s-3")) is True
+        assert self.read(core, lambda: routes.route("main", "k")) == "s-1"
+        self.write(core, lambda now: routes.drop_route("main", "k", "s-2"))
+        assert self.read(core, lambda: routes.route("main", "k")) == "s-1", (
+            "a drop names the session it expects the key to point to"
+        )
+        self.write(core, lambda now: routes.set_route("main", "k", "s-2"))
+        assert self.read(core, lambda: routes.route("main", "k")) == "s-2"
+        self.write(core, lambda now: routes.drop_route("main", "k", "s-2"))
+        assert self.read(core, lambda: routes.route("main", "k")) is None
+        assert self.read(core, lambda: routes.route("other", "k")) == "s-3"
+
+    def test_racing_claimers_of_one_routing_key_have_one_winner(self, core: Core) -> None:
+        claim = core.store.projections.claim_route
+
+        def claimer(n: int) -> Callable[[float], bool]:
+            return lambda now: claim("main", "k", f"s-{n}")
+
+        futures = [core.runner.submit_write(claimer(n)) for n in range(8)]
+        won = [n for n, future in enumerate(futures) if future.result(timeout=30)]
+        assert len(won) == 1, won
+        route = self.read(core, lambda: core.store.projections.route("main", "k"))
+        assert route == f"s-{won[0]}"
+
+    def test_a_checkpoint_label_is_taken_once(self, core: Core) -> None:
+        markers = core.store.markers
+        assert self.write(core, lambda now: markers.add_checkpoint("before", 1, NOW)) is True
+        assert self.write(core, lambda now: markers.add_checkpoint("before", 2, NOW)) is False
+        assert self.read(core, lambda: markers.checkpoint("before")) == ("before", 1, NOW)
+        assert self.read(core, lambda: markers.checkpoint("after")) is None
