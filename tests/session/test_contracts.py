@@ -186,14 +186,19 @@ def test_a_history_page_costs_the_same_statements_at_any_length(
     try:
         for session_id in (short, long):
             for newest in (False, True):
-                counted.clear()
-                page = service.stub.GetHistory(
-                    pb.GetHistoryRequest(
-                        agent="main", session_id=session_id, limit=5, newest=newest
+                # The fewest of three: the server's own background reads (health, the
+                # watchers' tailer) can only add statements to a count, never take any.
+                tries = []
+                for _ in range(3):
+                    counted.clear()
+                    page = service.stub.GetHistory(
+                        pb.GetHistoryRequest(
+                            agent="main", session_id=session_id, limit=5, newest=newest
+                        )
                     )
-                )
-                assert len(page.messages) == 5 and page.next_page_token
-                costs[(session_id, newest)] = len(counted)
+                    assert len(page.messages) == 5 and page.next_page_token
+                    tries.append(len(counted))
+                costs[(session_id, newest)] = min(tries)
     finally:
         database.execute_sql = original
     assert costs[(short, False)] == costs[(long, False)] <= 6, costs
