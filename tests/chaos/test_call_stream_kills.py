@@ -16,13 +16,15 @@ from typing import Any
 
 import grpc
 import pytest
+from google.rpc import code_pb2
 
 from switchboard.delivery.v1 import delivery_service_pb2 as dpb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as dpb_grpc
 from switchboard.session.v1 import session_service_pb2 as spb
 from switchboard.session.v1 import session_service_pb2_grpc as spb_grpc
 from tests.chaos.common import DEADLINE, ROUNDS, Processes, channel_to, wait_for
-from tests.harness import ServerProcess
+from tests.harness import ServerProcess, postgres_unreachable_reason
+from tests.pg_faults import private_database
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow, DEADLINE]
 
@@ -139,6 +141,76 @@ def _record(instance_id: str, n: int) -> dpb.RecordObligationRequest:
         begin_attempt=True,
         request_id=str(uuid.uuid4()),
     )
+
+
+def test_connections_cut_mid_stream_lose_no_acknowledged_append(processes: Processes) -> None:
+    """Postgres: every connection of the server terminated, 4 times, while 400 appends stream, with
+    some answered and the rest in flight (batches committing or about to). Each carried
+    call answers OK or UNAVAILABLE, the stream itself goes on; every OK is stored, and
+    the rest, retried by request id, are written once each."""
+    reason = postgres_unreachable_reason()
+    if reason:
+        pytest.skip(reason)
+    with private_database() as db:
+        server = processes.server(db.url, service="session")
+        with channel_to(server.address) as channel:
+            stub = spb_grpc.SessionServiceStub(channel)
+            stub.CreateAgent(spb.CreateAgentRequest(agent=spb.Agent(name="main")), timeout=10)
+            source = spb.Source(transport="web", conversation_id="cut")
+            session_id = stub.ResolveSession(
+                spb.ResolveSessionRequest(agent="main", source=source), timeout=10
+            ).session.session_id
+            sent: list[spb.AppendEventsRequest] = []
+            cuts = 0
+            for round_no in range(ROUNDS):
+                requests = [_append(session_id, f"r{round_no}-{n}") for n in range(400)]
+                sent += requests
+                answers = _stream_cutting(stub, requests, db)
+                cuts += 1
+                codes = {
+                    a.error.code for a in answers.values() if a.WhichOneof("result") == "error"
+                }
+                assert codes <= {code_pb2.UNAVAILABLE}, codes
+                acked = [p for p, a in answers.items() if a.WhichOneof("result") != "error"]
+                assert len(answers) == len(requests), "every carried call was answered"
+                wait_for(
+                    lambda: stub.GetSession(
+                        spb.GetSessionRequest(agent="main", session_id=session_id), timeout=5
+                    ),
+                    30,
+                    "the server's reconnection",
+                )
+                history = _contents(stub, session_id)
+                acknowledged = {
+                    requests[p].events[0].message_appended.message.content for p in acked
+                }
+                assert acknowledged <= set(history), "every acknowledged append survived the cut"
+                for request in requests:  # every one again, by its request id: once each
+                    stub.AppendEvents(request, timeout=10)
+            history = _contents(stub, session_id)
+    tokens = [request.events[0].message_appended.message.content for request in sent]
+    assert sorted(history) == sorted(tokens), "each append logged exactly once"
+    assert cuts == ROUNDS
+
+
+def _stream_cutting(
+    stub: spb_grpc.SessionServiceStub, requests: list[spb.AppendEventsRequest], db: Any
+) -> dict[int, spb.CallStreamResponse]:
+    """Sends the appends over one stream, many in flight; after 5 answers and every 100
+    more, terminates every connection of the database; returns every answer by position."""
+    outgoing: queue.SimpleQueue[object] = queue.SimpleQueue()
+    for position, append in enumerate(requests):
+        outgoing.put(spb.CallStreamRequest(correlation_id=position, append_events=append))
+    answers: dict[int, spb.CallStreamResponse] = {}
+    for answer in stub.CallStream(_fed(outgoing), timeout=60):
+        answers[answer.correlation_id] = answer
+        if len(answers) == 5:
+            assert db.terminate_backends() >= 1, "the server held no connection to cut"
+        elif len(answers) % 100 == 5:
+            db.terminate_backends()  # again, whether or not it has reconnected yet
+        if len(answers) == len(requests):
+            outgoing.put(_END)
+    return answers
 
 
 def test_sigkill_mid_stream_loses_no_acknowledged_ledger_write(
