@@ -354,6 +354,7 @@ def test_a_file_deleted_while_the_health_probe_opens_it_is_reported_as_lost(
     with served(loop_thread, unit) as gateway:
         gateway.record(message_ref="before")
         backend = unit.store.backend
+        assert isinstance(backend, SqliteBackend)
         opening = backend.file.connect_existing
 
         def deleted_first(timeout_s: float) -> sqlite3.Connection:
