@@ -30,7 +30,6 @@ from switchboard.idempotency import (
     Replayed,
     RequestGuard,
     RequestStore,
-    pending,
 )
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2 as pb
@@ -250,22 +249,20 @@ def test_one_group_commit_batch_with_one_id_twice_runs_the_op_once(database_url:
 
         def attempt(n: int) -> Future[int]:
             guard = RequestGuard(store, "", "rid-1", "/Test/Op", "print", lambda r: str(r).encode())
-            pending().set(guard)
 
             def op(_now: float) -> int:
                 runs.append(n)
                 return n
 
-            return runner.submit_write(op)
+            return runner.submit_write(op, guard)
 
         attempts = [attempt(n) for n in range(3)]
         failing = RequestGuard(store, "", "rid-2", "/Test/Op", "print", lambda r: b"")
-        pending().set(failing)
 
         def refuse(_now: float) -> None:
             raise NotFound("GONE", "refused")
 
-        refused = runner.submit_write(refuse)
+        refused = runner.submit_write(refuse, failing)
         release.set()
         hold.result(timeout=10)
         outcomes: list[Any] = []
