@@ -255,7 +255,7 @@ class RequestGuard:
     #: answer names), set by `encode`; kept when the store has a subject table.
     subjects: list[str] = field(default_factory=list)
     #: Whether a write took this guard already (`guarding`).
-    taken: bool = field(default=False)
+    taken: bool = field(default=False, init=False)
 
     def guarding(self, op: Callable[[float], T]) -> Callable[[float], T]:
         """`op` run under this guard (for the runner); a guard guards one write only:

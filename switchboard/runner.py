@@ -94,8 +94,7 @@ class _WriteOp:
 
 
 def _guarded(op: Callable[[float], T], guard: RequestGuard | None) -> Callable[[float], T]:
-    # The guard runs inside the op's own transaction (or savepoint): the answer it
-    # stores commits or rolls back with the write it answers.
+    """`op` under its call's request-id guard, when it carries one."""
     return op if guard is None else guard.guarding(op)
 
 
