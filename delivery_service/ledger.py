@@ -37,6 +37,7 @@ from switchboard.errors import (
     NotFound,
     PermissionDenied,
 )
+from switchboard.idempotency import RequestGuard
 from switchboard.runner import TransactionRunner
 
 _OBLIGATION_ID = re.compile(r"[0-9a-f]{24}")
@@ -145,6 +146,8 @@ class Ledger:
         platforms: Sequence[str],
         lease_ttl_s: float | None = None,
         caller: Caller = UNRESTRICTED,
+        *,
+        guard: RequestGuard | None = None,
     ) -> Instance:
         _gateway_name("gateway_name", gateway_name)
         if caller.gateway and gateway_name != caller.gateway:
@@ -167,11 +170,17 @@ class Ledger:
         return await self.runner.write(
             lambda now: self.store.register_instance(
                 now, instance_id, gateway_name, host, pid, connected, ttl, caller.principal
-            )
+            ),
+            guard=guard,
         )
 
     async def heartbeat(
-        self, instance_id: str, platforms: Sequence[str], caller: Caller = UNRESTRICTED
+        self,
+        instance_id: str,
+        platforms: Sequence[str],
+        caller: Caller = UNRESTRICTED,
+        *,
+        guard: RequestGuard | None = None,
     ) -> Instance:
         _instance_id(instance_id)
         connected = validation.platforms("platforms", platforms)
@@ -182,9 +191,11 @@ class Ledger:
                 _require_live(self._instance(instance_id, caller), instance_id, now)
             return self.store.get_instance(instance_id)  # type: ignore[return-value]
 
-        return await self.runner.write(op)
+        return await self.runner.write(op, guard=guard)
 
-    async def deregister(self, instance_id: str, caller: Caller = UNRESTRICTED) -> Instance:
+    async def deregister(
+        self, instance_id: str, caller: Caller = UNRESTRICTED, *, guard: RequestGuard | None = None
+    ) -> Instance:
         _instance_id(instance_id)
         principal = _principal_guard(caller)
 
@@ -195,7 +206,7 @@ class Ledger:
                 raise _instance_not_found(instance_id)
             return instance
 
-        return await self.runner.write(op)
+        return await self.runner.write(op, guard=guard)
 
     async def get_instance(
         self, instance_id: str, caller: Caller = UNRESTRICTED
@@ -300,6 +311,8 @@ class Ledger:
         new: NewObligation,
         begin_attempt: bool = False,
         caller: Caller = UNRESTRICTED,
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[Obligation, bool]:
         """Records a reply as owed; returns the row and whether this call created it.
 
@@ -326,13 +339,21 @@ class Ledger:
             _require_live(self._instance(instance_id, caller), instance_id, now)
             return self._existing(new.id, caller), False
 
-        return await self.runner.write(op)
+        return await self.runner.write(op, guard=guard)
 
     async def mark_attempting(
-        self, obligation_id: str, instance_id: str, fence: int, caller: Caller = UNRESTRICTED
+        self,
+        obligation_id: str,
+        instance_id: str,
+        fence: int,
+        caller: Caller = UNRESTRICTED,
+        *,
+        guard: RequestGuard | None = None,
     ) -> Obligation:
         holder = _holder(instance_id, fence)
-        return await self._holder_transition(obligation_id, holder, State.ATTEMPTING, {}, caller)
+        return await self._holder_transition(
+            obligation_id, holder, State.ATTEMPTING, {}, caller, guard=guard
+        )
 
     async def mark_delivered(
         self,
@@ -341,6 +362,8 @@ class Ledger:
         fence: int,
         platform_message_id: str,
         caller: Caller = UNRESTRICTED,
+        *,
+        guard: RequestGuard | None = None,
     ) -> Obligation:
         validation.text("platform_message_id", platform_message_id, max_len=256)
         holder = _holder(instance_id, fence)
@@ -355,6 +378,7 @@ class Ledger:
             },
             caller,
             stamp_delivered=True,
+            guard=guard,
         )
 
     async def mark_failed(
@@ -366,6 +390,8 @@ class Ledger:
         retryable: bool,
         retry_after_s: float | None,
         caller: Caller = UNRESTRICTED,
+        *,
+        guard: RequestGuard | None = None,
     ) -> Obligation:
         """A retryable failure waits `retry_after_s`, or the backoff step for the
         attempts spent; a permanent one abandons the row."""
@@ -382,6 +408,7 @@ class Ledger:
             caller,
             schedule_retry=retryable,
             retry_after_s=retry_after_s,
+            guard=guard,
         )
 
     async def _holder_transition(
@@ -395,6 +422,7 @@ class Ledger:
         stamp_delivered: bool = False,
         schedule_retry: bool = False,
         retry_after_s: float | None = None,
+        guard: RequestGuard | None,
     ) -> Obligation:
         _obligation_id(obligation_id)
 
@@ -415,7 +443,7 @@ class Ledger:
             )
             return moved or self._refused_transition(obligation_id, holder, target, caller)
 
-        return await self.runner.write(op)
+        return await self.runner.write(op, guard=guard)
 
     def _refused_transition(
         self, obligation_id: str, holder: Holder, target: State, caller: Caller
@@ -458,6 +486,8 @@ class Ledger:
         deliverable: Sequence[str] | None,
         limit: int,
         caller: Caller = UNRESTRICTED,
+        *,
+        guard: RequestGuard | None = None,
     ) -> ClaimResult:
         """Claims rows bound to the caller instance's gateway (or to none) that the
         caller's agents own, on the platforms it can deliver to."""
@@ -482,7 +512,7 @@ class Ledger:
             claimed = self.store.claim(now, candidates, instance_id, *scope)
             return ClaimResult(claimed, abandoned, gated)
 
-        return await self.runner.write(op)
+        return await self.runner.write(op, guard=guard)
 
     # -- operators ------------------------------------------------------------------------
 
@@ -544,7 +574,13 @@ class Ledger:
             validation.text(f"session_keys[{index}]", key, max_len=512)
         return await self.runner.read(lambda: self.store.count(where, session_keys, caller.agents))
 
-    async def retry(self, obligation_id: str, caller: Caller = UNRESTRICTED) -> Obligation:
+    async def retry(
+        self,
+        obligation_id: str,
+        caller: Caller = UNRESTRICTED,
+        *,
+        guard: RequestGuard | None = None,
+    ) -> Obligation:
         _require_admin(caller, "RetryObligation")
         _obligation_id(obligation_id)
 
@@ -579,10 +615,15 @@ class Ledger:
             )
             return retried or _changed_concurrently(obligation_id)
 
-        return await self.runner.write(op)
+        return await self.runner.write(op, guard=guard)
 
     async def abandon(
-        self, obligation_id: str, reason: str, caller: Caller = UNRESTRICTED
+        self,
+        obligation_id: str,
+        reason: str,
+        caller: Caller = UNRESTRICTED,
+        *,
+        guard: RequestGuard | None = None,
     ) -> Obligation:
         _require_admin(caller, "AbandonObligation")
         _obligation_id(obligation_id)
@@ -608,16 +649,22 @@ class Ledger:
             )
             return abandoned or _changed_concurrently(obligation_id)
 
-        return await self.runner.write(op)
+        return await self.runner.write(op, guard=guard)
 
     async def stats(self, caller: Caller = UNRESTRICTED) -> LedgerStats:
         _require_admin(caller, "GetLedgerStats")
         return await self.runner.read(lambda: self.store.stats(self.runner.backend.now()))
 
-    async def prune(self, older_than_s: float | None, caller: Caller = UNRESTRICTED) -> int:
+    async def prune(
+        self,
+        older_than_s: float | None,
+        caller: Caller = UNRESTRICTED,
+        *,
+        guard: RequestGuard | None = None,
+    ) -> int:
         _require_admin(caller, "PruneObligations")
         retention = validation.seconds("older_than", older_than_s or self.limits.retention_s)
-        return await self.runner.write(lambda now: self.store.prune(now, retention))
+        return await self.runner.write(lambda now: self.store.prune(now, retention), guard=guard)
 
     async def hand_over(
         self,
@@ -626,6 +673,8 @@ class Ledger:
         obligation_ids: Sequence[str],
         caller: Caller = UNRESTRICTED,
         from_no_gateway: bool = False,
+        *,
+        guard: RequestGuard | None = None,
     ) -> int:
         """Binds owed rows of one gateway to another (all of them, or the ids named);
         returns how many moved. "" as `from_gateway` names the rows of no known gateway,
@@ -649,7 +698,7 @@ class Ledger:
                 )
         ids = sorted(set(obligation_ids)) or None
         return await self.runner.write(
-            lambda now: self.store.hand_over(now, from_gateway, to_gateway, ids)
+            lambda now: self.store.hand_over(now, from_gateway, to_gateway, ids), guard=guard
         )
 
 

@@ -28,7 +28,7 @@ from switchboard.call_stream import CarriedCalls
 from switchboard.delivery.v1 import delivery_service_pb2 as pb
 from switchboard.delivery.v1 import delivery_service_pb2_grpc as pb_grpc
 from switchboard.errors import InvalidArgument
-from switchboard.idempotency import RequestStore
+from switchboard.idempotency import RequestGuard, RequestStore
 from switchboard.mutations import Mutations
 from switchboard.proto_time import duration, timestamp
 
@@ -170,24 +170,32 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
 
     @mutation(with_instance(pb.RegisterInstanceResponse))
     async def RegisterInstance(  # noqa: N802
-        self, request: pb.RegisterInstanceRequest, context: Context
+        self, request: pb.RegisterInstanceRequest, context: Context, guard: RequestGuard | None
     ) -> Instance:
         ttl = seconds_given(request, "lease_ttl")
         return await self.ledger.register_instance(
-            request.gateway_name, request.host, request.pid, request.platforms, ttl, caller()
+            request.gateway_name,
+            request.host,
+            request.pid,
+            request.platforms,
+            ttl,
+            caller(),
+            guard=guard,
         )
 
     @mutation(with_instance(pb.HeartbeatResponse))
     async def Heartbeat(  # noqa: N802
-        self, request: pb.HeartbeatRequest, context: Context
+        self, request: pb.HeartbeatRequest, context: Context, guard: RequestGuard | None
     ) -> Instance:
-        return await self.ledger.heartbeat(request.instance_id, request.platforms, caller())
+        return await self.ledger.heartbeat(
+            request.instance_id, request.platforms, caller(), guard=guard
+        )
 
     @mutation(with_instance(pb.DeregisterInstanceResponse))
     async def DeregisterInstance(  # noqa: N802
-        self, request: pb.DeregisterInstanceRequest, context: Context
+        self, request: pb.DeregisterInstanceRequest, context: Context, guard: RequestGuard | None
     ) -> Instance:
-        return await self.ledger.deregister(request.instance_id, caller())
+        return await self.ledger.deregister(request.instance_id, caller(), guard=guard)
 
     async def GetInstance(  # noqa: N802
         self, request: pb.GetInstanceRequest, context: Context
@@ -197,7 +205,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
 
     @mutation(recorded_pb)
     async def RecordObligation(  # noqa: N802
-        self, request: pb.RecordObligationRequest, context: Context
+        self, request: pb.RecordObligationRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[Obligation, bool]:
         new = NewObligation(
             session_key=request.session_key,
@@ -209,19 +217,21 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             metadata=dict(request.metadata),
             sealed_target=request.sealed_target,
         )
-        return await self.ledger.record(request.instance_id, new, request.begin_attempt, caller())
+        return await self.ledger.record(
+            request.instance_id, new, request.begin_attempt, caller(), guard=guard
+        )
 
     @mutation(with_obligation(pb.MarkAttemptingResponse))
     async def MarkAttempting(  # noqa: N802
-        self, request: pb.MarkAttemptingRequest, context: Context
+        self, request: pb.MarkAttemptingRequest, context: Context, guard: RequestGuard | None
     ) -> Obligation:
         return await self.ledger.mark_attempting(
-            request.obligation_id, request.instance_id, request.fence, caller()
+            request.obligation_id, request.instance_id, request.fence, caller(), guard=guard
         )
 
     @mutation(with_obligation(pb.MarkDeliveredResponse))
     async def MarkDelivered(  # noqa: N802
-        self, request: pb.MarkDeliveredRequest, context: Context
+        self, request: pb.MarkDeliveredRequest, context: Context, guard: RequestGuard | None
     ) -> Obligation:
         return await self.ledger.mark_delivered(
             request.obligation_id,
@@ -229,11 +239,12 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             request.fence,
             request.platform_message_id,
             caller(),
+            guard=guard,
         )
 
     @mutation(with_obligation(pb.MarkFailedResponse))
     async def MarkFailed(  # noqa: N802
-        self, request: pb.MarkFailedRequest, context: Context
+        self, request: pb.MarkFailedRequest, context: Context, guard: RequestGuard | None
     ) -> Obligation:
         retry_after = seconds_given(request, "retry_after")
         return await self.ledger.mark_failed(
@@ -244,11 +255,12 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             request.retryable,
             retry_after,
             caller(),
+            guard=guard,
         )
 
     @mutation(claimed_pb)
     async def ClaimRecoverable(  # noqa: N802
-        self, request: pb.ClaimRecoverableRequest, context: Context
+        self, request: pb.ClaimRecoverableRequest, context: Context, guard: RequestGuard | None
     ) -> ClaimResult:
         deliverable = (
             list(request.deliverable_platforms.platforms)
@@ -256,7 +268,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             else None
         )
         return await self.ledger.claim_recoverable(
-            request.instance_id, deliverable, request.limit, caller()
+            request.instance_id, deliverable, request.limit, caller(), guard=guard
         )
 
     async def GetObligation(  # noqa: N802
@@ -306,15 +318,17 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
 
     @mutation(with_obligation(pb.RetryObligationResponse))
     async def RetryObligation(  # noqa: N802
-        self, request: pb.RetryObligationRequest, context: Context
+        self, request: pb.RetryObligationRequest, context: Context, guard: RequestGuard | None
     ) -> Obligation:
-        return await self.ledger.retry(request.obligation_id, caller())
+        return await self.ledger.retry(request.obligation_id, caller(), guard=guard)
 
     @mutation(with_obligation(pb.AbandonObligationResponse))
     async def AbandonObligation(  # noqa: N802
-        self, request: pb.AbandonObligationRequest, context: Context
+        self, request: pb.AbandonObligationRequest, context: Context, guard: RequestGuard | None
     ) -> Obligation:
-        return await self.ledger.abandon(request.obligation_id, request.reason, caller())
+        return await self.ledger.abandon(
+            request.obligation_id, request.reason, caller(), guard=guard
+        )
 
     async def GetLedgerStats(  # noqa: N802
         self, request: pb.GetLedgerStatsRequest, context: Context
@@ -336,13 +350,13 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
 
     @mutation(pruned_pb)
     async def PruneObligations(  # noqa: N802
-        self, request: pb.PruneObligationsRequest, context: Context
+        self, request: pb.PruneObligationsRequest, context: Context, guard: RequestGuard | None
     ) -> int:
-        return await self.ledger.prune(seconds_given(request, "older_than"), caller())
+        return await self.ledger.prune(seconds_given(request, "older_than"), caller(), guard=guard)
 
     @mutation(handed_over_pb)
     async def HandOverObligations(  # noqa: N802
-        self, request: pb.HandOverObligationsRequest, context: Context
+        self, request: pb.HandOverObligationsRequest, context: Context, guard: RequestGuard | None
     ) -> int:
         return await self.ledger.hand_over(
             request.from_gateway_name,
@@ -350,6 +364,7 @@ class DeliveryServicer(pb_grpc.DeliveryServiceServicer):
             list(request.obligation_ids),
             caller(),
             request.from_no_gateway,
+            guard=guard,
         )
 
     async def ListInstances(  # noqa: N802

@@ -31,6 +31,7 @@ from switchboard.errors import (
     NotFound,
     PermissionDenied,
 )
+from switchboard.idempotency import RequestGuard
 
 
 class Agents:
@@ -67,7 +68,7 @@ class Agents:
             return agent_summary(agent)
         return storage_format.decode_agent_summary(index.summary)
 
-    async def create_agent(self, agent: Agent) -> Agent:
+    async def create_agent(self, agent: Agent, *, guard: RequestGuard | None = None) -> Agent:
         checked_agent(agent)
         created = copy.deepcopy(agent)
         created.archived, created.version, created.last_sequence = False, 0, 0
@@ -84,7 +85,7 @@ class Agents:
             event = Event(agent=agent.name, body=AgentCreated(agent=created))
             return self._change_agent(now, None, event, permissions.BOUNDED_FIELDS)
 
-        result: Agent = await self.core.write(op)
+        result: Agent = await self.core.write(op, guard=guard)
         return result
 
     async def get_agent(self, name: str) -> Agent:
@@ -124,7 +125,9 @@ class Agents:
         assert folded is not None
         return folded
 
-    async def update_agent(self, agent: Agent, mask: Sequence[str]) -> Agent:
+    async def update_agent(
+        self, agent: Agent, mask: Sequence[str], *, guard: RequestGuard | None = None
+    ) -> Agent:
         """`mask`: the update mask's paths."""
         agent_name("agent.name", agent.name)
         if not mask:
@@ -146,10 +149,10 @@ class Agents:
             touched = permissions.bounded_fields(mask)
             return self._change_agent(now, self.live_agent(agent.name), event, touched)
 
-        result: Agent = await self.core.write(op)
+        result: Agent = await self.core.write(op, guard=guard)
         return result
 
-    async def delete_agent(self, name: str) -> Agent:
+    async def delete_agent(self, name: str, *, guard: RequestGuard | None = None) -> Agent:
         agent_name("name", name)
 
         def op(now: float) -> Agent:
@@ -162,23 +165,29 @@ class Agents:
             assert archived is not None
             return archived
 
-        result: Agent = await self.core.write(op)
+        result: Agent = await self.core.write(op, guard=guard)
         return result
 
-    async def put_memory(self, name: str, key: str, value: str) -> Agent:
+    async def put_memory(
+        self, name: str, key: str, value: str, *, guard: RequestGuard | None = None
+    ) -> Agent:
         agent_name("agent", name)
         validation.text("key", key, max_len=256, required=True)
         validation.text("value", value, max_len=64 * 1024, allow_newlines=True)
         event = Event(agent=name, body=MemoryPut(key=key, value=value))
-        return await self._agent_change(name, key, event)
+        return await self._agent_change(name, key, event, guard=guard)
 
-    async def delete_memory(self, name: str, key: str) -> Agent:
+    async def delete_memory(
+        self, name: str, key: str, *, guard: RequestGuard | None = None
+    ) -> Agent:
         agent_name("agent", name)
         validation.text("key", key, max_len=256, required=True)
         event = Event(agent=name, body=MemoryDeleted(key=key))
-        return await self._agent_change(name, key, event)
+        return await self._agent_change(name, key, event, guard=guard)
 
-    async def _agent_change(self, name: str, key: str, event: Event) -> Agent:
+    async def _agent_change(
+        self, name: str, key: str, event: Event, *, guard: RequestGuard | None
+    ) -> Agent:
         def op(now: float) -> Agent:
             agent = self.live_agent(name)
             lineage = self.whole_lineage(agent) if agent.parent else permissions.Ancestry()
@@ -193,7 +202,7 @@ class Agents:
                     )
             return self._change_agent(now, agent, event, frozenset(), lineage)
 
-        result: Agent = await self.core.write(op)
+        result: Agent = await self.core.write(op, guard=guard)
         return result
 
     def _change_agent(

@@ -13,6 +13,7 @@ from session_service.core import Core
 from session_service.records import Event, OperatorAction
 from switchboard import validation
 from switchboard.errors import InvalidArgument
+from switchboard.idempotency import RequestGuard
 
 _ACTION = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 MAX_SUBJECT_CHARS = 512
@@ -23,7 +24,15 @@ class Audit:
     def __init__(self, core: Core) -> None:
         self.core = core
 
-    async def record(self, principal: str, action: str, subject: str, detail: str) -> Event:
+    async def record(
+        self,
+        principal: str,
+        action: str,
+        subject: str,
+        detail: str,
+        *,
+        guard: RequestGuard | None = None,
+    ) -> Event:
         """Logs the action under `principal` (the caller's, from its credentials)."""
         if not _ACTION.fullmatch(action):
             raise InvalidArgument(
@@ -39,5 +48,5 @@ class Audit:
             [logged] = self.core.record(now, [Event(body=body)])
             return logged
 
-        event: Event = await self.core.write(op)
+        event: Event = await self.core.write(op, guard=guard)
         return event

@@ -18,6 +18,7 @@ from session_service.freshness import EXPIRED, is_stale
 from session_service.records import Event, ResumeMarked, Session, SuspensionChanged
 from switchboard import validation
 from switchboard.errors import InvalidArgument
+from switchboard.idempotency import RequestGuard
 
 #: Longest resume-mark holder id (the reference gateway's instance ids are 32 characters).
 MAX_HOLDER_LEN = 128
@@ -51,6 +52,8 @@ class Continuity:
         pending: bool,
         holder: str = "",
         reply_target: bytes = b"",
+        *,
+        guard: RequestGuard | None = None,
     ) -> Session:
         # Checked even when clearing, so a request is refused or accepted as a whole;
         # a cleared mark has no holder and no reply target.
@@ -62,13 +65,23 @@ class Continuity:
             reply_target=reply_target if pending else b"",
         )
         event = Event(body=marked)
-        return await self._change(agent, session_id, event, versioned=False)
+        return await self._change(agent, session_id, event, versioned=False, guard=guard)
 
-    async def suspend(self, agent: str, session_id: str, suspended: bool) -> Session:
+    async def suspend(
+        self, agent: str, session_id: str, suspended: bool, *, guard: RequestGuard | None = None
+    ) -> Session:
         event = Event(body=SuspensionChanged(suspended=suspended))
-        return await self._change(agent, session_id, event, versioned=True)
+        return await self._change(agent, session_id, event, versioned=True, guard=guard)
 
-    async def _change(self, agent: str, session_id: str, event: Event, versioned: bool) -> Session:
+    async def _change(
+        self,
+        agent: str,
+        session_id: str,
+        event: Event,
+        versioned: bool,
+        *,
+        guard: RequestGuard | None,
+    ) -> Session:
         agent_name("agent", agent)
         checked_session_id(session_id)
 
@@ -84,7 +97,7 @@ class Continuity:
             self.core.log(now, [event])
             return self.core.summary(session_id)
 
-        result: Session = await self.core.write(op)
+        result: Session = await self.core.write(op, guard=guard)
         return result
 
     async def list_resumable(self, agent: str) -> tuple[list[Session], list[Session]]:
@@ -99,7 +112,9 @@ class Continuity:
         # The agent's settings (its snapshot and events) and the marked sessions' rows.
         return await self.core.runner.read(op, consistent=True)
 
-    async def expire_resumable(self, agent: str) -> list[Session]:
+    async def expire_resumable(
+        self, agent: str, *, guard: RequestGuard | None = None
+    ) -> list[Session]:
         """Resets the agent's stale interrupted sessions, in one transaction; answers
         them as ended."""
         agent_name("agent", agent)
@@ -110,7 +125,7 @@ class Continuity:
                 self.conversations.reset_now(now, agent, session.session_id, EXPIRED)
             return [self.core.summary(session.session_id) for session in stale]
 
-        result: list[Session] = await self.core.write(op)
+        result: list[Session] = await self.core.write(op, guard=guard)
         return result
 
     def _interrupted(self, agent: str, now: float) -> tuple[list[Session], list[Session]]:

@@ -51,6 +51,7 @@ from switchboard.errors import (
     InvalidArgument,
     NotFound,
 )
+from switchboard.idempotency import RequestGuard
 
 #: The events that make a session's state bigger; history messages do not enter it.
 _STATE_GROWING = (InboxPosted, OutboxQueued, TaskSet, TempStateChanged)
@@ -109,6 +110,8 @@ class Conversations:
         session_id: str,
         lookup_only: bool = False,
         reopen_erased: bool = False,
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[Session, bool]:
         """`lookup_only`: answer the routed session or NOT_FOUND, writing nothing;
         `reopen_erased`: open a new session on a key whose session was erased."""
@@ -164,7 +167,7 @@ class Conversations:
                 return self.core.summary(taken), False
             return self.open_session(now, agent, new_id, key, stored), True
 
-        result: tuple[Session, bool] = await self.core.write(op)
+        result: tuple[Session, bool] = await self.core.write(op, guard=guard)
         return result
 
     async def spawn(
@@ -175,6 +178,7 @@ class Conversations:
         *,
         any_id: bool,
         reopen_erased: bool = False,
+        guard: RequestGuard | None = None,
     ) -> Session:
         """`any_id`: the caller may choose any session id (admin, or authentication
         off); others only ids in the agent's namespace, so that a taken id is never
@@ -201,10 +205,12 @@ class Conversations:
             self._refuse_erased_id(chosen, reopen_erased)  # hook (issue 23)
             return self.open_session(now, agent, chosen, "", Source(), temp_state)
 
-        result: Session = await self.core.write(op)
+        result: Session = await self.core.write(op, guard=guard)
         return result
 
-    async def end(self, agent: str, session_id: str, reason: str) -> Session:
+    async def end(
+        self, agent: str, session_id: str, reason: str, *, guard: RequestGuard | None = None
+    ) -> Session:
         agent_name("agent", agent)
         checked_session_id(session_id)
         validation.text("reason", reason, max_len=256)
@@ -215,7 +221,7 @@ class Conversations:
                 self.core.log(now, [self._ended_event(index, reason)])
             return self.core.summary(session_id)
 
-        result: Session = await self.core.write(op)
+        result: Session = await self.core.write(op, guard=guard)
         return result
 
     def _ended_event(self, index: SessionIndex, reason: str) -> Event:
@@ -226,7 +232,9 @@ class Conversations:
             body=SessionEnded(reason=reason),
         )
 
-    async def reset(self, agent: str, session_id: str, reason: str) -> tuple[Session, Session]:
+    async def reset(
+        self, agent: str, session_id: str, reason: str, *, guard: RequestGuard | None = None
+    ) -> tuple[Session, Session]:
         agent_name("agent", agent)
         checked_session_id(session_id)
         validation.text("reason", reason, max_len=256)
@@ -236,7 +244,7 @@ class Conversations:
             fresh = self.reset_now(now, agent, session_id, reason or "reset")
             return self.core.summary(session_id), fresh
 
-        result: tuple[Session, Session] = await self.core.write(op)
+        result: tuple[Session, Session] = await self.core.write(op, guard=guard)
         return result
 
     def routed_session(
@@ -327,6 +335,8 @@ class Conversations:
         inputs: Sequence[EventInput],
         echo: bool = True,
         deltas: Sequence[StateChanged] = (),
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[list[Event], int, list[int]]:
         """(the events as logged, or none without `echo`; the version; their sequences).
         `inputs`: each input's body (None: it had none) and its encoded size. An echo
@@ -380,11 +390,17 @@ class Conversations:
             version = index.version + len(events) + sum(1 for e in changed if e.session_id)
             return (logged if echo else []), version, sequences
 
-        result: tuple[list[Event], int, list[int]] = await self.core.write(op)
+        result: tuple[list[Event], int, list[int]] = await self.core.write(op, guard=guard)
         return result
 
     async def post_to_inbox(
-        self, agent: str, session_id: str, message: Message, mark: ResumeMarked | None = None
+        self,
+        agent: str,
+        session_id: str,
+        message: Message,
+        mark: ResumeMarked | None = None,
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[Event, bool]:
         """(the post's event, whether it is a duplicate: see `post`). `mark`: a resume
         mark logged in the same transaction, right before the post (not for a duplicate)."""
@@ -395,7 +411,7 @@ class Conversations:
         refuse_unanswerable("message", [size], "shorten the message")
 
         result: tuple[Event, bool] = await self.core.write(
-            lambda now: self.post(now, agent, session_id, message, mark=mark)
+            lambda now: self.post(now, agent, session_id, message, mark=mark), guard=guard
         )
         return result
 

@@ -28,7 +28,7 @@ from session_service.storage.projections import SessionIndex
 from session_service.storage.store import SessionStore
 from session_service.watching import Watching, WatchLimits
 from switchboard.errors import FailedPrecondition, NotFound
-from switchboard.idempotency import DEFAULT_WINDOW_S
+from switchboard.idempotency import DEFAULT_WINDOW_S, RequestGuard
 from switchboard.runner import TransactionRunner
 
 
@@ -114,10 +114,11 @@ class Core:
     def notify_watchers(self) -> None:
         self.watching.notify()
 
-    async def write(self, op: Callable[[float], Any]) -> Any:
+    async def write(self, op: Callable[[float], Any], guard: RequestGuard | None = None) -> Any:
         """Runs `op(now)` in a write transaction and wakes the watchers after its
-        commit: every write of the session rules comes through here."""
-        result = await self.runner.write(op)
+        commit: every write of the session rules comes through here. `guard`: the
+        call's request id, for the call's first write (`TransactionRunner.write`)."""
+        result = await self.runner.write(op, guard)
         self.notify_watchers()
         return result
 

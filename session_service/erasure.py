@@ -30,7 +30,7 @@ from session_service.storage.records_store import IndexedRecord, RecordQuery
 from session_service.storage.state_store import session_owner
 from session_service.stored_records import checked_kind, checked_label_filters, checked_name
 from switchboard.errors import InvalidArgument, NotFound
-from switchboard.idempotency import SESSION_REQUESTS
+from switchboard.idempotency import SESSION_REQUESTS, RequestGuard
 
 MAX_ERASED_KEYS = 1000
 #: How often a WAL checkpoint that readers kept busy is tried again.
@@ -114,7 +114,9 @@ class Erasures:
         self.framework = core.projection.framework
         self.records = core.projection.framework.records
 
-    async def erase_session(self, agent: str, session_id: str, principal: str) -> tuple[Event, int]:
+    async def erase_session(
+        self, agent: str, session_id: str, principal: str, *, guard: RequestGuard | None = None
+    ) -> tuple[Event, int]:
         """(the Erasure event, how many log rows became tombstones)."""
         agent_name("agent", agent)
         checked_session_id(session_id)
@@ -139,7 +141,7 @@ class Erasures:
             self.erased.remember(agent, session_id, routing_key, record.sequence)
             return record, count
 
-        result: tuple[Event, int] = await self.core.write(op)
+        result: tuple[Event, int] = await self.core.write(op, guard=guard)
         await self._checkpoint()
         return result
 
@@ -154,7 +156,13 @@ class Erasures:
         ).execute()
 
     async def erase_records(
-        self, agent: str, session_id: str, selection: RecordSelection, principal: str
+        self,
+        agent: str,
+        session_id: str,
+        selection: RecordSelection,
+        principal: str,
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[Event | None, int, list[str]]:
         """(the Erasure event or None when nothing matched, records erased, sessions)."""
         agent_name("agent", agent)
@@ -184,7 +192,7 @@ class Erasures:
             [record] = self.core.record(now, [Event(body=body)])
             return record, erased, sorted(erasing.sessions)
 
-        result: tuple[Event | None, int, list[str]] = await self.core.write(op)
+        result: tuple[Event | None, int, list[str]] = await self.core.write(op, guard=guard)
         if result[0] is not None:
             await self._checkpoint()
         return result

@@ -33,7 +33,7 @@ from session_service.records import (
 )
 from switchboard import validation
 from switchboard.errors import FailedPrecondition, InvalidArgument, PermissionDenied
-from switchboard.idempotency import NotAnAnswer
+from switchboard.idempotency import NotAnAnswer, RequestGuard
 
 
 @dataclass(frozen=True)
@@ -81,14 +81,20 @@ class MultiAgent:
         return checked, logged.sequence
 
     async def check(
-        self, agent: str, session_id: str, action: str, resource: str
+        self,
+        agent: str,
+        session_id: str,
+        action: str,
+        resource: str,
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[PermissionChecked, int]:
         agent_name("agent", agent)
         checked_session_id(session_id)
         validation.text("action", action, max_len=256, required=True)
         validation.text("resource", resource, max_len=1024)
         result: tuple[PermissionChecked, int] = await self.core.write(
-            lambda now: self._decide(now, agent, session_id, action, resource)
+            lambda now: self._decide(now, agent, session_id, action, resource), guard=guard
         )
         return result
 
@@ -99,6 +105,8 @@ class MultiAgent:
         action: str,
         resource: str,
         then: Callable[[float], Any],
+        *,
+        guard: RequestGuard | None,
     ) -> Any:
         """Runs `then` in the transaction that records an allow; commits a denial alone."""
 
@@ -108,7 +116,7 @@ class MultiAgent:
                 return Refused(decision)
             return then(now)
 
-        result = await self.core.write(op)
+        result = await self.core.write(op, guard=guard)
         if isinstance(result, Refused):
             raise PermissionDenied(
                 "PERMISSION_DENIED",
@@ -121,7 +129,13 @@ class MultiAgent:
     # -- forks ------------------------------------------------------------------------------
 
     async def fork(
-        self, agent: str, session_id: str, at_sequence: int, narrowing: Narrowing
+        self,
+        agent: str,
+        session_id: str,
+        at_sequence: int,
+        narrowing: Narrowing,
+        *,
+        guard: RequestGuard | None = None,
     ) -> Session:
         agent_name("agent", agent)
         checked_session_id(session_id)
@@ -167,7 +181,7 @@ class MultiAgent:
                 inherited_message_count=state.session.message_count,
             )
 
-        result: Session = await self.core.write(op)
+        result: Session = await self.core.write(op, guard=guard)
         return result
 
     # -- other agents -----------------------------------------------------------------------
@@ -189,7 +203,14 @@ class MultiAgent:
         return self.core.redacts_pii(sender)
 
     async def delegate(
-        self, agent: str, session_id: str, to_agent: str, task: Message, context: str
+        self,
+        agent: str,
+        session_id: str,
+        to_agent: str,
+        task: Message,
+        context: str,
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[Session, bool, bool]:
         """(the target session, whether this call created it, whether the task was a
         duplicate: its message_ref accepted there before)."""
@@ -217,7 +238,7 @@ class MultiAgent:
             return self.core.summary(existing), created, duplicate
 
         result: tuple[Session, bool, bool] = await self._gated(
-            agent, session_id, "peer.delegate", f"agent:{to_agent}", then
+            agent, session_id, "peer.delegate", f"agent:{to_agent}", then, guard=guard
         )
         return result
 
@@ -229,6 +250,8 @@ class MultiAgent:
         source: Source | None,
         to_session_id: str,
         message: Message,
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[Event, bool]:
         """(the inbox event in the receiving session, whether it is a duplicate: see
         `Conversations.post`)."""
@@ -271,7 +294,7 @@ class MultiAgent:
             return self.conversations.post(now, to_agent, target, message, redact)
 
         result: tuple[Event, bool] = await self._gated(
-            agent, session_id, "peer.send", f"agent:{to_agent}", then
+            agent, session_id, "peer.send", f"agent:{to_agent}", then, guard=guard
         )
         return result
 

@@ -17,6 +17,7 @@ from session_service.records import Event, MessageAppended, MessagesRetracted, Q
 from session_service.scoped_state import refuse_stale
 from switchboard import pagination
 from switchboard.errors import FailedPrecondition, InvalidArgument
+from switchboard.idempotency import RequestGuard
 
 MAX_RETRACTED = 100
 
@@ -48,6 +49,8 @@ class Retraction:
         expected_version: int | None,
         newest_count: int,
         sequences: Sequence[int],
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[list[QueuedMessage], int, int, str]:
         """(the retracted messages oldest first, the version, the event's sequence or 0
         when there was nothing to retract, the session): the write's own result, so that
@@ -82,7 +85,7 @@ class Retraction:
             ]
             return messages, index.version + 1, logged.sequence, session_id
 
-        result: tuple[list[QueuedMessage], int, int, str] = await self.core.write(op)
+        result: tuple[list[QueuedMessage], int, int, str] = await self.core.write(op, guard=guard)
         return result
 
     def _newest(self, session_id: str, count: int, shared: bool) -> list[Event]:

@@ -31,6 +31,7 @@ from session_service.storage.state_store import (
 )
 from switchboard import validation
 from switchboard.errors import Aborted, FailedPrecondition, InvalidArgument
+from switchboard.idempotency import RequestGuard
 
 MAX_DELTAS = 16
 MAX_ENTRIES_PER_DELTA = 1000
@@ -212,6 +213,8 @@ class ScopedState:
         session_id: str,
         expected_version: int | None,
         deltas: Sequence[StateChanged],
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[list[int], int, str]:
         """UpdateState: (the events' sequences, the session's version or 0, the session)."""
         agent_name("agent", agent)
@@ -235,7 +238,7 @@ class ScopedState:
             version = index.version + session_events if index is not None else 0
             return [event.sequence for event in logged], version, session_id
 
-        result: tuple[list[int], int, str] = await self.core.write(op)
+        result: tuple[list[int], int, str] = await self.core.write(op, guard=guard)
         return result
 
     # -- reads ------------------------------------------------------------------------------

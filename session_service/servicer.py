@@ -22,7 +22,7 @@ from session_service.stored_records import ListRequest
 from session_service.time_travel import Move
 from switchboard import auth, validation
 from switchboard.call_stream import CarriedCalls
-from switchboard.idempotency import RequestStore
+from switchboard.idempotency import RequestGuard, RequestStore
 from switchboard.mutations import Mutations
 from switchboard.session.v1 import session_service_pb2 as pb
 from switchboard.session.v1 import session_service_pb2_grpc as pb_grpc
@@ -242,9 +242,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
 
     @mutation(lambda agent: pb.CreateAgentResponse(agent=_agent(agent)))
     async def CreateAgent(  # noqa: N802
-        self, request: pb.CreateAgentRequest, context: Context
+        self, request: pb.CreateAgentRequest, context: Context, guard: RequestGuard | None
     ) -> records.Agent:
-        return await self.agents.create_agent(_agent_input(request.agent))
+        return await self.agents.create_agent(_agent_input(request.agent), guard=guard)
 
     async def GetAgent(  # noqa: N802
         self, request: pb.GetAgentRequest, context: Context
@@ -261,33 +261,33 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
 
     @mutation(lambda agent: pb.UpdateAgentResponse(agent=_agent(agent)))
     async def UpdateAgent(  # noqa: N802
-        self, request: pb.UpdateAgentRequest, context: Context
+        self, request: pb.UpdateAgentRequest, context: Context, guard: RequestGuard | None
     ) -> records.Agent:
         return await self.agents.update_agent(
-            _agent_input(request.agent), list(request.update_mask.paths)
+            _agent_input(request.agent), list(request.update_mask.paths), guard=guard
         )
 
     @mutation(lambda agent: pb.DeleteAgentResponse(agent=_agent(agent)))
     async def DeleteAgent(  # noqa: N802
-        self, request: pb.DeleteAgentRequest, context: Context
+        self, request: pb.DeleteAgentRequest, context: Context, guard: RequestGuard | None
     ) -> records.Agent:
-        return await self.agents.delete_agent(request.name)
+        return await self.agents.delete_agent(request.name, guard=guard)
 
     @mutation(lambda agent: pb.PutMemoryResponse(agent=_agent(agent)))
     async def PutMemory(  # noqa: N802
-        self, request: pb.PutMemoryRequest, context: Context
+        self, request: pb.PutMemoryRequest, context: Context, guard: RequestGuard | None
     ) -> records.Agent:
-        return await self.agents.put_memory(request.agent, request.key, request.value)
+        return await self.agents.put_memory(request.agent, request.key, request.value, guard=guard)
 
     @mutation(lambda agent: pb.DeleteMemoryResponse(agent=_agent(agent)))
     async def DeleteMemory(  # noqa: N802
-        self, request: pb.DeleteMemoryRequest, context: Context
+        self, request: pb.DeleteMemoryRequest, context: Context, guard: RequestGuard | None
     ) -> records.Agent:
-        return await self.agents.delete_memory(request.agent, request.key)
+        return await self.agents.delete_memory(request.agent, request.key, guard=guard)
 
     @mutation(lambda found: pb.ResolveSessionResponse(session=_session(found[0]), created=found[1]))
     async def ResolveSession(  # noqa: N802
-        self, request: pb.ResolveSessionRequest, context: Context
+        self, request: pb.ResolveSessionRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[records.Session, bool]:
         source = _record(records.Source, request.source)
         return await self.conversations.resolve(
@@ -296,11 +296,12 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.session_id,
             lookup_only=request.lookup_only,
             reopen_erased=request.reopen_erased,
+            guard=guard,
         )
 
     @mutation(lambda session: pb.SpawnSessionResponse(session=_session(session)))
     async def SpawnSession(  # noqa: N802
-        self, request: pb.SpawnSessionRequest, context: Context
+        self, request: pb.SpawnSessionRequest, context: Context, guard: RequestGuard | None
     ) -> records.Session:
         grant = auth.current_grant()
         any_id = grant is None or grant.admin  # others choose ids in their agent's namespace
@@ -310,6 +311,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             dict(request.temp_state),
             any_id=any_id,
             reopen_erased=request.reopen_erased,
+            guard=guard,
         )
 
     async def GetSession(  # noqa: N802
@@ -339,17 +341,21 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
 
     @mutation(lambda session: pb.EndSessionResponse(session=_session(session)))
     async def EndSession(  # noqa: N802
-        self, request: pb.EndSessionRequest, context: Context
+        self, request: pb.EndSessionRequest, context: Context, guard: RequestGuard | None
     ) -> records.Session:
-        return await self.conversations.end(request.agent, request.session_id, request.reason)
+        return await self.conversations.end(
+            request.agent, request.session_id, request.reason, guard=guard
+        )
 
     @mutation(
         lambda pair: pb.ResetSessionResponse(ended=_session(pair[0]), session=_session(pair[1]))
     )
     async def ResetSession(  # noqa: N802
-        self, request: pb.ResetSessionRequest, context: Context
+        self, request: pb.ResetSessionRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[records.Session, records.Session]:
-        return await self.conversations.reset(request.agent, request.session_id, request.reason)
+        return await self.conversations.reset(
+            request.agent, request.session_id, request.reason, guard=guard
+        )
 
     @mutation(
         lambda done: pb.AppendEventsResponse(
@@ -357,7 +363,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         )
     )
     async def AppendEvents(  # noqa: N802
-        self, request: pb.AppendEventsRequest, context: Context
+        self, request: pb.AppendEventsRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[list[records.Event], int, list[int]]:
         expected = request.expected_version if request.HasField("expected_version") else None
         inputs = [
@@ -371,6 +377,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             inputs,
             echo=not request.sequences_only,
             deltas=_deltas(request.state_deltas),
+            guard=guard,
         )
 
     @mutation(
@@ -379,11 +386,15 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         )
     )
     async def PostToInbox(  # noqa: N802
-        self, request: pb.PostToInboxRequest, context: Context
+        self, request: pb.PostToInboxRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[records.Event, bool]:
         mark = post_mark(request.mark_resumable, request.resume_holder, request.reply_target)
         return await self.conversations.post_to_inbox(
-            request.agent, request.session_id, _record(records.Message, request.message), mark
+            request.agent,
+            request.session_id,
+            _record(records.Message, request.message),
+            mark,
+            guard=guard,
         )
 
     async def GetHistory(  # noqa: N802
@@ -415,9 +426,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
 
     @mutation(lambda sequence: pb.SnapshotSessionResponse(sequence=sequence))
     async def SnapshotSession(  # noqa: N802
-        self, request: pb.SnapshotSessionRequest, context: Context
+        self, request: pb.SnapshotSessionRequest, context: Context, guard: RequestGuard | None
     ) -> int:
-        return await self.reads.snapshot(request.agent, request.session_id)
+        return await self.reads.snapshot(request.agent, request.session_id, guard=guard)
 
     async def WatchEvents(  # noqa: N802
         self, request: pb.WatchEventsRequest, context: Context
@@ -428,9 +439,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
 
     @mutation(lambda checkpoint: pb.CreateCheckpointResponse(checkpoint=convert.to_pb(checkpoint)))
     async def CreateCheckpoint(  # noqa: N802
-        self, request: pb.CreateCheckpointRequest, context: Context
+        self, request: pb.CreateCheckpointRequest, context: Context, guard: RequestGuard | None
     ) -> records.Checkpoint:
-        return await self.time_travel.create_checkpoint(request.label)
+        return await self.time_travel.create_checkpoint(request.label, guard=guard)
 
     async def ListCheckpoints(  # noqa: N802
         self, request: pb.ListCheckpointsRequest, context: Context
@@ -445,7 +456,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
 
     @mutation(lambda move: pb.RewindResponse(**_move_fields(move)))
     async def Rewind(  # noqa: N802
-        self, request: pb.RewindRequest, context: Context
+        self, request: pb.RewindRequest, context: Context, guard: RequestGuard | None
     ) -> Move:
         sequence = request.sequence if request.WhichOneof("target") == "sequence" else None
         return await self.time_travel.rewind(
@@ -454,21 +465,26 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.preview,
             request.empty_log,
             auth.current_principal(),
+            guard=guard,
         )
 
     @mutation(lambda move: pb.CheckoutResponse(**_move_fields(move)))
     async def Checkout(  # noqa: N802
-        self, request: pb.CheckoutRequest, context: Context
+        self, request: pb.CheckoutRequest, context: Context, guard: RequestGuard | None
     ) -> Move:
         return await self.time_travel.checkout(
-            request.sequence, request.preview, request.empty_log, auth.current_principal()
+            request.sequence,
+            request.preview,
+            request.empty_log,
+            auth.current_principal(),
+            guard=guard,
         )
 
     @mutation(lambda done: pb.TruncateLogResponse(retained_from=done[0], deleted_count=done[1]))
     async def TruncateLog(  # noqa: N802
-        self, request: pb.TruncateLogRequest, context: Context
+        self, request: pb.TruncateLogRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[int, int]:
-        return await self.time_travel.truncate(request.below_sequence)
+        return await self.time_travel.truncate(request.below_sequence, guard=guard)
 
     async def ListLogEvents(  # noqa: N802
         self, request: pb.ListLogEventsRequest, context: Context
@@ -498,19 +514,19 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
 
     @mutation(lambda event: pb.RecordOperatorActionResponse(event=convert.event_pb(event)))
     async def RecordOperatorAction(  # noqa: N802
-        self, request: pb.RecordOperatorActionRequest, context: Context
+        self, request: pb.RecordOperatorActionRequest, context: Context, guard: RequestGuard | None
     ) -> records.Event:
         return await self.audit.record(
-            auth.current_principal(), request.action, request.subject, request.detail
+            auth.current_principal(), request.action, request.subject, request.detail, guard=guard
         )
 
     @mutation(lambda session: pb.ForkSessionResponse(session=_session(session)))
     async def ForkSession(  # noqa: N802
-        self, request: pb.ForkSessionRequest, context: Context
+        self, request: pb.ForkSessionRequest, context: Context, guard: RequestGuard | None
     ) -> records.Session:
         narrowing = _record(records.Narrowing, request.narrowing)
         return await self.multi_agent.fork(
-            request.agent, request.session_id, request.at_sequence, narrowing
+            request.agent, request.session_id, request.at_sequence, narrowing, guard=guard
         )
 
     @mutation(
@@ -519,18 +535,18 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         )
     )
     async def Delegate(  # noqa: N802
-        self, request: pb.DelegateRequest, context: Context
+        self, request: pb.DelegateRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[records.Session, bool, bool]:
         task = _record(records.Message, request.task)
         return await self.multi_agent.delegate(
-            request.agent, request.session_id, request.to_agent, task, request.context
+            request.agent, request.session_id, request.to_agent, task, request.context, guard=guard
         )
 
     @mutation(
         lambda posted: pb.SendToPeerResponse(event=convert.event_pb(posted[0]), duplicate=posted[1])
     )
     async def SendToPeer(  # noqa: N802
-        self, request: pb.SendToPeerRequest, context: Context
+        self, request: pb.SendToPeerRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[records.Event, bool]:
         source = (
             _record(records.Source, request.source)
@@ -544,21 +560,22 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             source,
             request.to_session_id,
             _record(records.Message, request.message),
+            guard=guard,
         )
 
     @mutation(
         lambda done: pb.CheckPermissionResponse(decision=convert.to_pb(done[0]), sequence=done[1])
     )
     async def CheckPermission(  # noqa: N802
-        self, request: pb.CheckPermissionRequest, context: Context
+        self, request: pb.CheckPermissionRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[records.PermissionChecked, int]:
         return await self.multi_agent.check(
-            request.agent, request.session_id, request.action, request.resource
+            request.agent, request.session_id, request.action, request.resource, guard=guard
         )
 
     @mutation(lambda session: pb.MarkResumableResponse(session=_session(session)))
     async def MarkResumable(  # noqa: N802
-        self, request: pb.MarkResumableRequest, context: Context
+        self, request: pb.MarkResumableRequest, context: Context, guard: RequestGuard | None
     ) -> records.Session:
         return await self.continuity.mark(
             request.agent,
@@ -566,13 +583,16 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             request.pending,
             request.holder,
             request.reply_target,
+            guard=guard,
         )
 
     @mutation(lambda session: pb.SuspendSessionResponse(session=_session(session)))
     async def SuspendSession(  # noqa: N802
-        self, request: pb.SuspendSessionRequest, context: Context
+        self, request: pb.SuspendSessionRequest, context: Context, guard: RequestGuard | None
     ) -> records.Session:
-        return await self.continuity.suspend(request.agent, request.session_id, request.suspended)
+        return await self.continuity.suspend(
+            request.agent, request.session_id, request.suspended, guard=guard
+        )
 
     async def ListResumable(  # noqa: N802
         self, request: pb.ListResumableRequest, context: Context
@@ -582,9 +602,9 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
 
     @mutation(lambda expired: pb.ExpireResumableResponse(expired=_sessions(expired)))
     async def ExpireResumable(  # noqa: N802
-        self, request: pb.ExpireResumableRequest, context: Context
+        self, request: pb.ExpireResumableRequest, context: Context, guard: RequestGuard | None
     ) -> list[records.Session]:
-        return await self.continuity.expire_resumable(request.agent)
+        return await self.continuity.expire_resumable(request.agent, guard=guard)
 
     # -- what agent frameworks store (issue 23) -------------------------------------------
 
@@ -597,7 +617,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         )
     )
     async def RetractMessages(  # noqa: N802
-        self, request: pb.RetractMessagesRequest, context: Context
+        self, request: pb.RetractMessagesRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[list[records.QueuedMessage], int, int, str]:
         return await self.retraction.retract(
             request.agent,
@@ -605,19 +625,21 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             _optional(request, "expected_version"),
             request.newest_count,
             list(request.sequences),
+            guard=guard,
         )
 
     @mutation(
         lambda done: pb.UpdateStateResponse(sequences=done[0], version=done[1], session_id=done[2])
     )
     async def UpdateState(  # noqa: N802
-        self, request: pb.UpdateStateRequest, context: Context
+        self, request: pb.UpdateStateRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[list[int], int, str]:
         return await self.scoped_state.update(
             request.agent,
             request.session_id,
             _optional(request, "expected_version"),
             _deltas(request.deltas),
+            guard=guard,
         )
 
     async def GetUserState(  # noqa: N802
@@ -630,7 +652,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         lambda done: pb.PutRecordsResponse(sequence=done[0], version=done[1], session_id=done[2])
     )
     async def PutRecords(  # noqa: N802
-        self, request: pb.PutRecordsRequest, context: Context
+        self, request: pb.PutRecordsRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[int, int, str]:
         return await self.stored_records.put(
             request.agent,
@@ -638,6 +660,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             [_record_input(record) for record in request.records],
             request.versioned,
             _optional(request, "expected_version"),
+            guard=guard,
         )
 
     async def GetRecord(  # noqa: N802
@@ -687,10 +710,10 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         )
     )
     async def EraseSession(  # noqa: N802
-        self, request: pb.EraseSessionRequest, context: Context
+        self, request: pb.EraseSessionRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[records.Event, int]:
         return await self.erasures.erase_session(
-            request.agent, request.session_id, auth.current_principal()
+            request.agent, request.session_id, auth.current_principal(), guard=guard
         )
 
     @mutation(
@@ -701,7 +724,7 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
         )
     )
     async def EraseRecords(  # noqa: N802
-        self, request: pb.EraseRecordsRequest, context: Context
+        self, request: pb.EraseRecordsRequest, context: Context, guard: RequestGuard | None
     ) -> tuple[records.Event | None, int, list[str]]:
         selection = RecordSelection(
             kind=request.kind,
@@ -713,5 +736,5 @@ class SessionServicer(pb_grpc.SessionServiceServicer):
             children_kind=request.children_kind,
         )
         return await self.erasures.erase_records(
-            request.agent, request.session_id, selection, auth.current_principal()
+            request.agent, request.session_id, selection, auth.current_principal(), guard=guard
         )

@@ -23,6 +23,7 @@ from session_service.scoped_state import ScopedView, view
 from session_service.storage.projections import AgentIndex
 from switchboard import pagination, validation
 from switchboard.errors import InvalidArgument, NotFound, OutOfRange
+from switchboard.idempotency import RequestGuard
 
 
 class SessionReads:
@@ -219,7 +220,9 @@ class SessionReads:
                 f"sequence {sequence} is below the retained log, which starts at {retained}",
             )
 
-    async def snapshot(self, agent: str, session_id: str) -> int:
+    async def snapshot(
+        self, agent: str, session_id: str, *, guard: RequestGuard | None = None
+    ) -> int:
         agent_name("agent", agent)
         checked_session_id(session_id)
 
@@ -229,7 +232,7 @@ class SessionReads:
             self.store.projections.put_session_index(replace(index, snapshot_version=index.version))
             return self.core.projection.snapshot_session(session_id)
 
-        result: int = await self.core.write(op)
+        result: int = await self.core.write(op, guard=guard)
         return result
 
     def watch(self, after: int, agent: str, session_id: str) -> AsyncIterator[Event]:

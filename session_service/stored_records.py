@@ -20,6 +20,7 @@ from session_service.scoped_state import refuse_stale
 from session_service.storage.records_store import IndexedRecord, RecordQuery
 from switchboard import pagination, validation
 from switchboard.errors import FailedPrecondition, InvalidArgument, NotFound
+from switchboard.idempotency import RequestGuard
 
 MAX_RECORDS_PER_CALL = 1000
 MAX_KEY_CHARS = 512
@@ -154,6 +155,8 @@ class StoredRecords:
         records: Sequence[StoredRecord],
         versioned: bool,
         expected_version: int | None,
+        *,
+        guard: RequestGuard | None = None,
     ) -> tuple[int, int, str]:
         """(the RecordsPut event's sequence, the session's version after it, the session)."""
         agent_name("agent", agent)
@@ -193,7 +196,7 @@ class StoredRecords:
             [logged] = self.core.log(now, [event], index)
             return logged.sequence, version, session_id
 
-        result: tuple[int, int, str] = await self.core.write(op)
+        result: tuple[int, int, str] = await self.core.write(op, guard=guard)
         return result
 
     async def get(

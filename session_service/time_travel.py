@@ -27,6 +27,7 @@ from switchboard.errors import (
     NotFound,
     OutOfRange,
 )
+from switchboard.idempotency import RequestGuard
 
 _LABEL = re.compile(r"[\w.:-]{1,128}", re.ASCII)
 
@@ -121,7 +122,9 @@ class TimeTravel:
 
     # -- checkpoints ------------------------------------------------------------------------
 
-    async def create_checkpoint(self, label: str) -> Checkpoint:
+    async def create_checkpoint(
+        self, label: str, *, guard: RequestGuard | None = None
+    ) -> Checkpoint:
         _checked_label("label", label)
 
         def op(now: float) -> Checkpoint:
@@ -130,7 +133,7 @@ class TimeTravel:
                 raise AlreadyExists("CHECKPOINT_EXISTS", f"checkpoint {label!r} exists already")
             return checkpoint_of(label, head, now)
 
-        result: Checkpoint = await self.core.write(op)
+        result: Checkpoint = await self.core.write(op, guard=guard)
         return result
 
     # -- moving the log ---------------------------------------------------------------------
@@ -142,6 +145,8 @@ class TimeTravel:
         preview: bool = False,
         empty_log: bool = False,
         principal: str = "",
+        *,
+        guard: RequestGuard | None = None,
     ) -> Move:
         """Abandons everything after the target. Nothing to abandon: nothing is
         written and the answer says so (`Move.unchanged`). Target sequence 0 needs
@@ -153,16 +158,24 @@ class TimeTravel:
             _checked_label("checkpoint", checkpoint)
         plan = functools.partial(self._rewind_plan, sequence, checkpoint)
         record = Rewound(checkpoint=checkpoint, principal=principal)
-        return await self._run(plan, record, preview=preview)
+        return await self._run(plan, record, preview=preview, guard=guard)
 
     async def checkout(
-        self, sequence: int, preview: bool = False, empty_log: bool = False, principal: str = ""
+        self,
+        sequence: int,
+        preview: bool = False,
+        empty_log: bool = False,
+        principal: str = "",
+        *,
+        guard: RequestGuard | None = None,
     ) -> Move:
         """Sequence 0 needs `empty_log` (see `_checked_target`). `principal`: who asked,
         kept in the record."""
         _checked_target(sequence, empty_log, "check out")
         plan = functools.partial(self._checkout_plan, sequence)
-        return await self._run(plan, Rewound(checkout=True, principal=principal), preview=preview)
+        return await self._run(
+            plan, Rewound(checkout=True, principal=principal), preview=preview, guard=guard
+        )
 
     def rewind_within(self, now: float, sequence: int) -> Move:
         """A rewind inside the caller's write transaction (for building long logs)."""
@@ -198,7 +211,12 @@ class TimeTravel:
         return sequence, changes(before, after)
 
     async def _run(
-        self, plan: Callable[[], tuple[int, Changes]], record: Rewound, *, preview: bool
+        self,
+        plan: Callable[[], tuple[int, Changes]],
+        record: Rewound,
+        *,
+        preview: bool,
+        guard: RequestGuard | None,
     ) -> Move:
         """`record`: the rewind record to log, but for its target (the plan's)."""
 
@@ -211,7 +229,7 @@ class TimeTravel:
             previewed: Move = await self.core.runner.read(look, consistent=True)
             return previewed
         moved: Move = await self.core.write(
-            functools.partial(self._moved, plan=plan, record=record)
+            functools.partial(self._moved, plan=plan, record=record), guard=guard
         )
         return moved
 
@@ -331,7 +349,7 @@ class TimeTravel:
 
     # -- retention --------------------------------------------------------------------------
 
-    async def truncate(self, below: int) -> tuple[int, int]:
+    async def truncate(self, below: int, *, guard: RequestGuard | None = None) -> tuple[int, int]:
         if below == 0:  # what an unset field reads as
             raise InvalidArgument(
                 "below_sequence",
@@ -355,5 +373,5 @@ class TimeTravel:
             deleted = self.store.markers.truncate_below(below)
             return below, deleted
 
-        result: tuple[int, int] = await self.core.write(op)
+        result: tuple[int, int] = await self.core.write(op, guard=guard)
         return result

@@ -21,14 +21,15 @@ commit):
 So "committed" and "recorded" cannot disagree, and a failed op (a domain error
 rolls its savepoint back) leaves no record: its retry runs again.
 
-The pending guard reaches the runner through a context variable that the
-servicer side (`switchboard.mutations`) sets and `TransactionRunner.write`
-consumes. Nothing here knows protobuf: the answer arrives as an encoder.
+The guard travels as an argument: the servicer side (`switchboard.mutations`)
+makes one per call and hands it to the handler, the handler to its rule, and the
+rule to its first write (`TransactionRunner.write(op, guard)`), so that only the
+call's first write carries its request id. Nothing here knows protobuf: the answer
+arrives as an encoder.
 """
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import re
 import time
@@ -253,6 +254,16 @@ class RequestGuard:
     #: What the record is found by besides its id (the sessions the request or its
     #: answer names), set by `encode`; kept when the store has a subject table.
     subjects: list[str] = field(default_factory=list)
+    #: Whether a write took this guard already (`guarding`).
+    taken: bool = field(default=False, init=False)
+
+    def guarding(self, op: Callable[[float], T]) -> Callable[[float], T]:
+        """`op` run under this guard (for the runner); a guard guards one write only:
+        given to a second, that write would find the first's record and replay it."""
+        if self.taken:
+            raise RuntimeError(f"{self.method}: the request guard was given to a second write")
+        self.taken = True
+        return lambda now: self.run(op, now)
 
     def run(self, op: Callable[[float], T], now: float) -> T:
         store = self.store
@@ -273,6 +284,7 @@ class RequestGuard:
         result = op(now)
         if isinstance(result, NotAnAnswer):
             return result
+        # Encoded here, in the write's transaction: the stored answer commits with the write.
         self.answer = self.encode(result)
         store.insert(now, *key, self.method, self.fingerprint, self.answer, self.subjects)
         return result
@@ -292,25 +304,3 @@ class RequestGuard:
                 "request unchanged, a new call needs a fresh id",
                 reason="REQUEST_ID_REUSED",
             )
-
-
-_PENDING: contextvars.ContextVar[RequestGuard | None] = contextvars.ContextVar(
-    "switchboard_pending_request", default=None
-)
-
-
-def pending() -> contextvars.ContextVar[RequestGuard | None]:
-    """The context variable a servicer sets for the duration of one call."""
-    return _PENDING
-
-
-def guard_pending(op: Callable[[float], T]) -> Callable[[float], T]:
-    """`op` wrapped by the calling context's pending guard, if any (for the runner).
-
-    The guard is consumed: only the call's first write carries its request id.
-    """
-    guard = _PENDING.get()
-    if guard is None:
-        return op
-    _PENDING.set(None)
-    return lambda now: guard.run(op, now)

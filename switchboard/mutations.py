@@ -5,14 +5,15 @@ A servicer declares each RPC that writes with the service's `Mutations`:
     mutation = Mutations(pb.DESCRIPTOR.services_by_name["SessionService"])
 
     @mutation(lambda event: pb.PostToInboxResponse(event=event))
-    async def PostToInbox(self, request, context) -> pb.Event:
-        return await self.sessions.post_to_inbox(...)
+    async def PostToInbox(self, request, context, guard) -> pb.Event:
+        return await self.sessions.post_to_inbox(..., guard=guard)
 
 The handler returns the rule's result; the converter makes it the response.
-With a `request_id` in the request, the call's write runs under a
-`switchboard.idempotency.RequestGuard` (set in a context variable that the
-runner consumes), the converter runs inside the write transaction, and the
-stored bytes answer every retry; without one the handler runs as before.
+With a `request_id` in the request, the handler is given the call's
+`switchboard.idempotency.RequestGuard` (else None) and hands it to its rule,
+which hands it to its first write (`TransactionRunner.write(op, guard)`): that
+write runs under the guard, the converter runs inside its transaction, and the
+stored bytes answer every retry.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from switchboard.idempotency import (
     RequestGuard,
     RequestStore,
     checked_request_id,
-    pending,
 )
 
 
@@ -46,7 +46,8 @@ S = TypeVar("S", bound=HasRequests)
 Req = TypeVar("Req", bound=Message)
 R = TypeVar("R")
 Resp = TypeVar("Resp", bound=Message)
-Handler = Callable[[S, Req, Any], Awaitable[R]]
+#: A declared RPC's handler: (servicer, request, context, the call's guard or None).
+Handler = Callable[[S, Req, Any, RequestGuard | None], Awaitable[R]]
 
 
 def fingerprint(request: Message, key: bytes | None = None) -> str:
@@ -94,10 +95,11 @@ class Mutations:
             async def handle(servicer: S, request: Req, context: Any) -> Resp:
                 request_id: str = getattr(request, "request_id")  # noqa: B009
                 if not request_id:
-                    return to_response(await handler(servicer, request, context))
+                    return to_response(await handler(servicer, request, context, None))
                 checked_request_id(request_id)
                 built: list[Resp] = []
 
+                # Runs inside the write's transaction: the answer is stored atomically with it.
                 def encode(result: Any) -> bytes:
                     built.append(to_response(result))
                     if self.subjects is not None:
@@ -112,13 +114,10 @@ class Mutations:
                     fingerprint(request, servicer.requests.fingerprint_key),
                     encode,
                 )
-                token = pending().set(guard)
                 try:
-                    result = await handler(servicer, request, context)
+                    result = await handler(servicer, request, context, guard)
                 except Replayed as replayed:
                     return cast(Resp, response_class.FromString(replayed.response))
-                finally:
-                    pending().reset(token)
                 # The answer built in the transaction, so first call and replay agree;
                 # a rule that answered without writing (a join) built none.
                 return built[-1] if built else to_response(result)

@@ -17,6 +17,10 @@ safe). When a connection cannot be made, the database counts as down for a short
 window in which calls fail at once instead of each waiting for a connect
 timeout; `probe()` (health checking) ends the window when the database answers.
 
+A write may carry its call's request id (`write(op, guard)`, see
+`switchboard.idempotency`): the op then runs under the guard in the same
+transaction, which stores the call's answer with the write or replays a stored one.
+
 Each operation runs in the `contextvars` context of the call that submitted it
 (per-call values set by interceptors are visible inside), and an operation whose
 caller's deadline (`switchboard.deadlines.CALL_DEADLINE`) passed while it queued
@@ -48,7 +52,6 @@ from typing import Any, TypeVar
 
 from playhouse.pool import PooledDatabase
 
-from switchboard import idempotency
 from switchboard.database import Backend, DatabaseSettings
 from switchboard.deadlines import CALL_DEADLINE
 from switchboard.errors import (
@@ -58,6 +61,7 @@ from switchboard.errors import (
     TimedOut,
     Unavailable,
 )
+from switchboard.idempotency import RequestGuard
 from switchboard.log_budget import LogBudget
 
 T = TypeVar("T")
@@ -87,6 +91,11 @@ class _WriteOp:
 
     def call(self, now: float) -> Any:
         return self.context.run(self.run, now)
+
+
+def _guarded(op: Callable[[float], T], guard: RequestGuard | None) -> Callable[[float], T]:
+    """`op` under its call's request-id guard, when it carries one."""
+    return op if guard is None else guard.guarding(op)
 
 
 def _settle(future: Future[Any] | asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -181,10 +190,13 @@ class TransactionRunner:
 
     # -- submission -----------------------------------------------------------------------
 
-    def submit_write(self, op: Callable[[float], T]) -> Future[T]:
-        """Queue `op(now)` to run inside a write transaction; the future resolves after commit."""
+    def submit_write(
+        self, op: Callable[[float], T], guard: RequestGuard | None = None
+    ) -> Future[T]:
+        """Queue `op(now)` to run inside a write transaction; the future resolves after
+        commit. `guard`: the call's request id, when this is the call's first write."""
         future: Future[T] = Future()
-        self._enqueue(_WriteOp(idempotency.guard_pending(op), future))
+        self._enqueue(_WriteOp(_guarded(op, guard), future))
         return future
 
     def submit_read(self, op: Callable[[], T], consistent: bool = False) -> Future[T]:
@@ -193,10 +205,11 @@ class TransactionRunner:
         context, deadline = contextvars.copy_context(), CALL_DEADLINE.get()
         return self._readers.submit(self._read, op, context, deadline, consistent)
 
-    async def write(self, op: Callable[[float], T]) -> T:
+    async def write(self, op: Callable[[float], T], guard: RequestGuard | None = None) -> T:
+        """`submit_write` for a coroutine."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._enqueue(_WriteOp(idempotency.guard_pending(op), future, loop))
+        self._enqueue(_WriteOp(_guarded(op, guard), future, loop))
         return await future
 
     async def read(self, op: Callable[[], T], consistent: bool = False) -> T:

@@ -6,6 +6,7 @@ test with the real clients is tests/clients/test_lost_answers.py.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -30,8 +31,8 @@ from switchboard.idempotency import (
     Replayed,
     RequestGuard,
     RequestStore,
-    pending,
 )
+from switchboard.mutations import Mutations
 from switchboard.runner import TransactionRunner
 from switchboard.session.v1 import session_service_pb2 as pb
 from tests.harness import (
@@ -250,22 +251,20 @@ def test_one_group_commit_batch_with_one_id_twice_runs_the_op_once(database_url:
 
         def attempt(n: int) -> Future[int]:
             guard = RequestGuard(store, "", "rid-1", "/Test/Op", "print", lambda r: str(r).encode())
-            pending().set(guard)
 
             def op(_now: float) -> int:
                 runs.append(n)
                 return n
 
-            return runner.submit_write(op)
+            return runner.submit_write(op, guard)
 
         attempts = [attempt(n) for n in range(3)]
         failing = RequestGuard(store, "", "rid-2", "/Test/Op", "print", lambda r: b"")
-        pending().set(failing)
 
         def refuse(_now: float) -> None:
             raise NotFound("GONE", "refused")
 
-        refused = runner.submit_write(refuse)
+        refused = runner.submit_write(refuse, failing)
         release.set()
         hold.result(timeout=10)
         outcomes: list[Any] = []
@@ -281,6 +280,74 @@ def test_one_group_commit_batch_with_one_id_twice_runs_the_op_once(database_url:
     finally:
         release.set()
         runner.close()
+
+
+_declared = Mutations(dpb.DESCRIPTOR.services_by_name["DeliveryService"])
+
+
+class _TwoWrites:
+    """A servicer whose one RPC writes twice, the request id going to its first write."""
+
+    def __init__(self, runner: TransactionRunner, requests: RequestStore) -> None:
+        self.runner = runner
+        self.requests = requests
+        self.ran: list[str] = []
+
+    def _op(self, name: str) -> Callable[[float], str]:
+        def op(_now: float) -> str:
+            self.ran.append(name)
+            return name
+
+        return op
+
+    @_declared(lambda name: dpb.RegisterInstanceResponse(instance=dpb.Instance(instance_id=name)))
+    async def RegisterInstance(  # noqa: N802
+        self, request: dpb.RegisterInstanceRequest, context: Any, guard: RequestGuard | None
+    ) -> str:
+        first = await self.runner.write(self._op("first"), guard)
+        await self.runner.write(self._op("second"))
+        return first
+
+
+async def _register(servicer: _TwoWrites, request: dpb.RegisterInstanceRequest) -> str:
+    answer = await servicer.RegisterInstance(request, None)
+    return str(answer.instance.instance_id)
+
+
+@pytest.fixture
+def ledger_runner(database_url: str) -> Iterator[tuple[TransactionRunner, RequestStore]]:
+    settings = DatabaseSettings(url=database_url)
+    backend = open_backend(settings)
+    migrations.prepare(backend, DELIVERY_SCHEMA)
+    runner = TransactionRunner(backend, settings)
+    try:
+        yield runner, RequestStore(backend, LEDGER_REQUESTS)
+    finally:
+        runner.close()
+
+
+def test_a_call_that_writes_twice_records_its_request_id_with_its_first_write_only(
+    ledger_runner: tuple[TransactionRunner, RequestStore],
+) -> None:
+    runner, store = ledger_runner
+    servicer = _TwoWrites(runner, store)
+    request = dpb.RegisterInstanceRequest(gateway_name="gw", request_id=_new_id())
+    assert asyncio.run(_register(servicer, request)) == "first"
+    assert servicer.ran == ["first", "second"]
+    assert asyncio.run(_register(servicer, request)) == "first"  # the stored answer
+    assert servicer.ran == ["first", "second"], "the retry replays at its first write"
+    assert runner.submit_read(store.count).result(timeout=10) == 1
+
+
+def test_a_request_guard_given_to_a_second_write_is_refused(
+    ledger_runner: tuple[TransactionRunner, RequestStore],
+) -> None:
+    runner, store = ledger_runner
+    guard = RequestGuard(store, "", "rid-1", "/Test/Op", "print", lambda r: str(r).encode())
+    assert runner.submit_write(lambda _now: 1, guard).result(timeout=10) == 1
+    with pytest.raises(RuntimeError, match="second write"):
+        runner.submit_write(lambda _now: 2, guard)
+    assert runner.submit_read(store.count).result(timeout=10) == 1
 
 
 def test_the_window_is_a_serve_option() -> None:
