@@ -358,3 +358,28 @@ def test_the_window_is_a_serve_option() -> None:
     result = CliRunner().invoke(main, ["serve", "--help"])
     assert "--request-id-window" in result.output
     assert SessionLimits().request_id_window_s == LedgerLimits().request_id_window_s == 86400
+
+
+@pytest.mark.parametrize("module_name", ["session_service.servicer", "delivery_service.servicer"])
+def test_every_declared_handler_hands_its_guard_on(module_name: str) -> None:
+    """A handler that dropped its guard would run without its request id, silently:
+    each declared handler passes `guard=guard` to its rule (read from its source)."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(module_name)
+    servicer = next(
+        value
+        for value in vars(module).values()
+        if inspect.isclass(value)
+        and value.__module__ == module_name
+        and "Servicer" in value.__name__
+    )
+    declared = module.mutation.declared
+    assert declared, "no RPC declared"
+    dropped = [
+        name
+        for name in sorted(declared)
+        if "guard=guard" not in inspect.getsource(inspect.unwrap(getattr(servicer, name)))
+    ]
+    assert dropped == [], f"handlers that do not hand their guard on: {dropped}"
