@@ -52,13 +52,15 @@ class Service:
 
     server: ServerProcess
     channel: grpc.Channel
+    #: The server's flags, kept across restarts.
+    flags: tuple[str, ...] = ()
     #: Channels to killed processes, closed at the end (a load thread may hold one).
     old: list[grpc.Channel] = field(default_factory=list)
 
     def restart(self, processes: Processes, url: str) -> None:
         self.server.kill()
         self.old.append(self.channel)
-        self.server = processes.server(url, service=self.server.service)
+        self.server = processes.server(url, *self.flags, service=self.server.service)
         self.channel = grpc.insecure_channel(self.server.address)
 
     def close(self) -> None:
@@ -67,8 +69,11 @@ class Service:
 
 
 def _start(processes: Processes, url: str, service: str) -> Service:
-    server = processes.server(url, service=service)
-    return Service(server, grpc.insecure_channel(server.address))
+    # The recorder registers once and never heartbeats: its lease must outlast the
+    # run, however many rounds SWITCHBOARD_CHAOS_ROUNDS asks for.
+    flags = ("--lease-ttl", "3600") if service == "delivery" else ()
+    server = processes.server(url, *flags, service=service)
+    return Service(server, grpc.insecure_channel(server.address), flags)
 
 
 def _appender(service: Service) -> Callable[[int, int], int]:
