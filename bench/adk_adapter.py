@@ -169,8 +169,8 @@ def _noop_line(backend: str, checks: PeerResult, theirs: dict[str, PeerResult], 
     rate = "-" if checks.value is None else f"{checks.value:,.0f}/s"
     return (
         f"{noop.NAME}, 1 client, {backend} server: {rate} = {shown['noop_over_append']} "
-        f"{peer} append_event; {peer} get_session @1,000 p50 = "
-        f"{shown['get_session_over_noop']} its p50 (the best any networked store could reach)"
+        f"{peer} append_event; {peer} get_session @1,000 p50 over the no-op's p50: "
+        f"{shown['get_session_over_noop']} (the best any networked store could reach)"
     )
 
 
