@@ -86,7 +86,12 @@ def _adapter_results(backend: Backend, ctx: Context, repetitions: int) -> list[P
         PeerResult(key.format("append"), f"{label}.append_event", "rate", appends),
         PeerResult(key.format("get-warm"), f"{label}.get_session {at}, warm", "latency", warm),
         PeerResult(key.format("get-cold"), f"{label}.get_session {at}, cold", "latency", cold),
-        PeerResult(key.format("noop"), f"{noop.NAME} on the adapter's server", "rate", checks),
+        PeerResult(
+            key.format("noop"),
+            f"{noop.NAME} on the adapter's server ({backend.label})",
+            "rate",
+            checks,
+        ),
     ]
 
 
