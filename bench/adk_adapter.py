@@ -15,6 +15,9 @@ run in processes of their own (`bench.peers.child`), on SQLite files with ADK's 
 settings. The table gives the adapter's ratio to each: appends/s over theirs, and their
 get_session p50 over ours (both: higher is better for the adapter). The issue's goals
 (append >= 3x, get_session >= 10x ADK's database service) are judged on the line.
+Under them, a no-op RPC on each adapter's server at 1 client (`bench.noop`): its rate
+over the database service's appends, and the service's get_session p50 over its p50,
+the best any networked store could reach on either.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import asyncio
 import importlib.util
 from typing import Any
 
-from bench import peers, servers
+from bench import noop, peers, servers
 from bench.peers import adk as adk_peer
 from bench.peers.common import PeerResult, timed_async, timed_reads
 from bench.plan import Context, Section
@@ -76,12 +79,19 @@ def _adapter_results(backend: Backend, ctx: Context, repetitions: int) -> list[P
         appends, warm, cold = asyncio.run(
             _measure_adapter(server.address, ctx.scale.seconds, ctx.scale.warmup_s, repetitions)
         )
+        checks = noop.health_checks(server.address, 1, ctx.scale.seconds, ctx.scale.warmup_s)
     at = f"@{adk_peer.GET_SESSION_EVENTS:,}"
     key = f"adk-adapter-{{}}-{backend.key}"
     return [
         PeerResult(key.format("append"), f"{label}.append_event", "rate", appends),
         PeerResult(key.format("get-warm"), f"{label}.get_session {at}, warm", "latency", warm),
         PeerResult(key.format("get-cold"), f"{label}.get_session {at}, cold", "latency", cold),
+        PeerResult(
+            key.format("noop"),
+            f"{noop.NAME} on the adapter's server ({backend.label})",
+            "rate",
+            checks,
+        ),
     ]
 
 
@@ -119,7 +129,7 @@ def _render(ours: list[PeerResult], theirs: list[PeerResult]) -> tuple[str, dict
     by_key = {result.key: result for result in theirs}
     lines = [peers.render_table([*ours, *theirs]), ""]
     ratios: dict[str, Any] = {}
-    for append, warm, cold in zip(ours[::3], ours[1::3], ours[2::3], strict=True):
+    for append, warm, cold, checks in zip(*(ours[i::4] for i in range(4)), strict=True):
         backend = append.key.removeprefix("adk-adapter-append-")
         for peer in _ADK_PEERS:
             theirs_load = _value(by_key, f"{peer}-get-session")
@@ -141,7 +151,32 @@ def _render(ours: list[PeerResult], theirs: list[PeerResult]) -> tuple[str, dict
                     name = f"get_session @1,000 ({which})"
                     ratio = found[f"get_session_{which}"]
                     lines.append("  " + _goal(name, ratio, GET_SESSION_GOAL))
+                lines.append("  " + _noop_line(backend, checks, by_key, peer))
+                ratios[f"{backend}/{peer}"] |= _noop_ratios(checks, by_key, peer)
     return "\n".join(lines), ratios
+
+
+def _noop_ratios(
+    checks: PeerResult, theirs: dict[str, PeerResult], peer: str
+) -> dict[str, float | None]:
+    """The no-op's rate over the peer's append rate, and the peer's get_session p50 over
+    the no-op's p50: the best ratios a networked store could show."""
+    latency = None if checks.measurement is None else checks.measurement.p50_ms
+    return {
+        "noop_over_append": _ratio(checks.value, _value(theirs, f"{peer}-append")),
+        "get_session_over_noop": _ratio(_value(theirs, f"{peer}-get-session"), latency),
+    }
+
+
+def _noop_line(backend: str, checks: PeerResult, theirs: dict[str, PeerResult], peer: str) -> str:
+    found = _noop_ratios(checks, theirs, peer)
+    shown = {k: "-" if r is None else f"{r:.1f}x" for k, r in found.items()}
+    rate = "-" if checks.value is None else f"{checks.value:,.0f}/s"
+    return (
+        f"{noop.NAME}, 1 client, {backend} server: {rate} = {shown['noop_over_append']} "
+        f"{peer} append_event; {peer} get_session @1,000 p50 over the no-op's p50: "
+        f"{shown['get_session_over_noop']} (the best any networked store could reach)"
+    )
 
 
 def run(ctx: Context) -> Section:

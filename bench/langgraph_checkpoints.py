@@ -10,7 +10,9 @@ one channel with one user message of `bench.workloads.MESSAGE_BYTES` bytes, so t
 read's cost can only grow with the thread's length, not its payload: the goal is a
 `get_tuple` flat in the number of steps. SQLite stores run synchronous=FULL (the saver's
 server with `--sqlite-synchronous FULL`, SqliteSaver's connection set to FULL);
-Postgres ones run on fresh schemas of the same server.
+Postgres ones run on fresh schemas of the same server. Under the goals, a no-op RPC's
+rate on each SwitchboardSaver server at each client count (`bench.noop`) and its ratio
+to the in-process saver's: the best any networked store could reach.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import servers
+from bench import noop, servers
 from bench.peers.common import EXTRA_HINT, message_content
 from bench.plan import Context, Section
 from bench.report import ms, rate, table
@@ -39,7 +41,8 @@ FLAT_WITHIN = 1.5
 SLOWER_AT_MOST = 2.0
 
 Saver = Any  # a langgraph BaseCheckpointSaver
-Opener = Callable[[ExitStack], Saver]
+#: Opens a store: the saver, and the address of its server (None: in process).
+Opener = Callable[[ExitStack], tuple[Saver, str | None]]
 
 
 @dataclass
@@ -73,18 +76,18 @@ def _installed(module: str) -> bool:
 
 
 def _switchboard(backend: Backend) -> Opener:
-    def open_saver(stack: ExitStack) -> Saver:
+    def open_saver(stack: ExitStack) -> tuple[Saver, str | None]:
         from switchboard_client import SessionClient
         from switchboard_client.frameworks.langgraph import SwitchboardSaver
 
         server = stack.enter_context(servers.serving("session", backend))
         client = stack.enter_context(SessionClient(server.address, timeout_s=30.0))
-        return SwitchboardSaver(client, agent="bench-langgraph")
+        return SwitchboardSaver(client, agent="bench-langgraph"), server.address
 
     return open_saver
 
 
-def _sqlite_saver(stack: ExitStack) -> Saver:
+def _sqlite_saver(stack: ExitStack) -> tuple[Saver, str | None]:
     from langgraph.checkpoint.sqlite import SqliteSaver
 
     directory = stack.enter_context(servers.temp_dir("bench-langgraph-sqlite-"))
@@ -93,10 +96,10 @@ def _sqlite_saver(stack: ExitStack) -> Saver:
     connection.execute("PRAGMA synchronous=FULL")
     saver = SqliteSaver(connection)
     saver.setup()
-    return saver
+    return saver, None
 
 
-def _postgres_saver(stack: ExitStack) -> Saver:
+def _postgres_saver(stack: ExitStack) -> tuple[Saver, str | None]:
     from langgraph.checkpoint.postgres import PostgresSaver
     from psycopg.rows import dict_row
     from psycopg_pool import ConnectionPool
@@ -107,7 +110,7 @@ def _postgres_saver(stack: ExitStack) -> Saver:
     stack.callback(pool.close)
     saver = PostgresSaver(pool)
     saver.setup()
-    return saver
+    return saver, None
 
 
 def stores(ctx: Context) -> tuple[list[tuple[str, str, Opener]], list[str]]:
@@ -217,7 +220,7 @@ def measure(saver: Saver, store: str, backend: str, steps: int, clients: int, re
 
 
 @contextmanager
-def _opened(opener: Opener) -> Iterator[Saver]:
+def _opened(opener: Opener) -> Iterator[tuple[Saver, str | None]]:
     with ExitStack() as stack:
         yield opener(stack)
 
@@ -227,12 +230,19 @@ def run(ctx: Context) -> Section:
     reps = ctx.scale.pick(100, 50, 5)
     found, notes = stores(ctx)
     figures: list[Figures] = []
+    noops: dict[str, list[Measurement]] = {}
     for store, backend, opener in found:
         ctx.say(f"[langgraph] {store} on {backend}")
-        with _opened(opener) as saver:
+        with _opened(opener) as (saver, address):
             for steps in steps_list:
                 for clients in CLIENTS:
                     figures.append(measure(saver, store, backend, steps, clients, reps))
+            if address is not None:
+                ctx.say(f"[langgraph] {noop.NAME} on {backend}")
+                noops[backend] = [
+                    noop.health_checks(address, clients, ctx.scale.seconds, ctx.scale.warmup_s)
+                    for clients in CLIENTS
+                ]
     notes += [
         f"langgraph {f.store} {f.backend} {m.name} at {f.steps} steps, {f.clients} client(s): "
         f"{m.errors} error(s), first: {m.extra.get('first_error', '')}"
@@ -240,8 +250,14 @@ def run(ctx: Context) -> Section:
         for m in (f.put, f.get_tuple)
         if m.errors
     ]
-    text = "\n\n".join([_table(figures), "\n".join(_goal_lines(figures, steps_list))])
-    data = {"steps": list(steps_list), "reps": reps, "runs": [f.to_json() for f in figures]}
+    lines = _goal_lines(figures, steps_list) + _noop_lines(figures, noops)
+    text = "\n\n".join([_table(figures), "\n".join(lines)])
+    data = {
+        "steps": list(steps_list),
+        "reps": reps,
+        "runs": [f.to_json() for f in figures],
+        "no-op": [m.to_json() | {"backend": b} for b, found in noops.items() for m in found],
+    }
     title = "LangGraph checkpointers: SwitchboardSaver vs SqliteSaver / PostgresSaver"
     return Section("langgraph", title, text, data, notes=notes)
 
@@ -307,4 +323,21 @@ def _goal_lines(figures: list[Figures], steps_list: tuple[int, ...]) -> list[str
                 f"{op} at {f.steps} steps, {f.clients} clients, {f.backend}: SwitchboardSaver "
                 f"{ratio:.2f}x {f.store} (>= {1 / SLOWER_AT_MOST:.1f}x) {verdict}"
             )
+    return lines
+
+
+def _noop_lines(figures: list[Figures], noops: dict[str, list[Measurement]]) -> list[str]:
+    """Per server and client count: the no-op RPC's rate over the in-process saver's
+    put and get_tuple rates (at each thread length) on the same backend."""
+    lines = []
+    for backend, measured in noops.items():
+        defaults = [f for f in figures if f.store != "SwitchboardSaver" and f.backend == backend]
+        for found in measured:
+            rates = [
+                (f"{f.store} {op} @{f.steps}", getattr(f, op).cycles_per_s)
+                for f in defaults
+                if f.clients == found.clients
+                for op in ("put", "get_tuple")
+            ]
+            lines.append(noop.perspective(found, backend, rates))
     return lines

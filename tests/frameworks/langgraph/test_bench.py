@@ -27,3 +27,15 @@ def test_the_section_measures_the_saver_at_each_length_and_client_count(backend_
             assert run[op]["cycles"] > 0 and run[op]["errors"] == 0, (run["store"], op)
     assert not [note for note in section.notes if "error" in note]
     assert "get_tuple p50 at" in section.text
+    # The no-op RPC on the saver's server, at each client count, beside the in-process saver.
+    noops = section.data["no-op"]
+    assert [(n["backend"], n["clients"]) for n in noops] == [
+        (backend.label, c) for c in langgraph_checkpoints.CLIENTS
+    ]
+    assert all(n["errors"] == 0 for n in noops), noops
+    for clients in langgraph_checkpoints.CLIENTS:
+        line = f"no-op RPC (Health/Check), {clients} client{'s' * (clients > 1)}, "
+        assert f"{line}{backend.label} server: " in section.text
+    assert "x SqliteSaver get_tuple @" in section.text or "x PostgresSaver get_tuple @" in (
+        section.text
+    )

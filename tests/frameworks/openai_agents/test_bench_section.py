@@ -22,7 +22,17 @@ def test_the_section_measures_both_stores(backend_key: str) -> None:
     backend = next(b for b in BACKENDS if b.key == backend_key)
     done = openai_agents_session.run(Context(SCALES["smoke"], [backend], say=lambda _: None))
 
-    assert set(done.data) == {"SQLiteSession", f"Switchboard {backend.label}"}
+    assert set(done.data) == {"SQLiteSession", f"Switchboard {backend.label}", "no-op"}
+    noops = done.data.pop("no-op")
+    # The no-op RPC on the adapter's server at each client count, beside SQLiteSession.
+    assert [(n["server"], n["clients"]) for n in noops] == [
+        (backend.label, clients) for clients in openai_agents_session.CLIENTS
+    ]
+    assert all(n["errors"] == 0 for n in noops), noops
+    for clients in openai_agents_session.CLIENTS:
+        line = f"no-op RPC (Health/Check), {clients} client{'s' * (clients > 1)}, "
+        assert f"{line}{backend.label} server: " in done.text
+    assert "x SQLiteSession get_items" in done.text
     for runs in done.data.values():
         found = [(run["name"].split()[-1], run["clients"]) for run in runs]
         assert found == [

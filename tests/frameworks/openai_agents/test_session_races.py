@@ -147,6 +147,19 @@ def test_a_shared_writer_after_another_writers_clear_writes_to_the_fresh_session
     assert run(first.get_items()) == [{"role": "user", "content": "three"}]
 
 
+def test_a_reader_sees_another_writers_clear_and_what_follows_it(client: SessionClient) -> None:
+    """A read asks which session answers the conversation now (the cleared session's
+    history stays readable in the log: reading it again would show the old items), as
+    two `SQLiteSession` objects on one id see each other's clear."""
+    reader, writer = session(client), session(client)
+    run(writer.add_items([{"role": "user", "content": "before the clear"}]))
+    assert [i["content"] for i in run(reader.get_items())] == ["before the clear"]
+    run(writer.clear_session())
+    assert run(reader.get_items()) == []
+    run(writer.add_items([{"role": "user", "content": "after the clear"}]))
+    assert [i["content"] for i in run(reader.get_items())] == ["after the clear"]
+
+
 def test_two_replicas_serve_one_conversation(database_url: str, tmp_path: Path) -> None:
     replicas = [
         ServerProcess(database_url, tmp_path / f"replica-{n}", service="session") for n in (1, 2)
