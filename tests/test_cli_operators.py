@@ -90,6 +90,9 @@ def test_log_tail_and_follow(services: Services) -> None:
              "-n", lines, "--follow", "--agent", "main", "--address", services.session,
              "--token", token],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            # Ctrl-C as at a terminal, even when the suite runs in a background job
+            # (whose processes inherit SIGINT ignored).
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )  # fmt: skip
         assert follow.stdout is not None and follow.stderr is not None
         try:
