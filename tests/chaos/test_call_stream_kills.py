@@ -69,12 +69,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_append(
 ) -> None:
     server = processes.server(database_url, service="session")
     with channel_to(server.address) as channel:
-        stub = spb_grpc.SessionServiceStub(channel)
-        stub.CreateAgent(spb.CreateAgentRequest(agent=spb.Agent(name="main")), timeout=10)
-        source = spb.Source(transport="web", conversation_id="streamed")
-        session_id = stub.ResolveSession(
-            spb.ResolveSessionRequest(agent="main", source=source), timeout=10
-        ).session.session_id
+        session_id = _agent_and_session(spb_grpc.SessionServiceStub(channel), "streamed")
     sent: list[spb.AppendEventsRequest] = []
     for round_no in range(ROUNDS):
         requests = [_append(session_id, f"r{round_no}-{n}") for n in range(400)]
@@ -101,6 +96,14 @@ def test_sigkill_mid_stream_loses_no_acknowledged_append(
             history = _contents(stub, session_id)
     tokens = [request.events[0].message_appended.message.content for request in sent]
     assert sorted(history) == sorted(tokens), "each append logged exactly once"
+
+
+def _agent_and_session(stub: spb_grpc.SessionServiceStub, conversation: str) -> str:
+    """Creates the agent `main` and resolves a web conversation's session; its id."""
+    stub.CreateAgent(spb.CreateAgentRequest(agent=spb.Agent(name="main")), timeout=10)
+    source = spb.Source(transport="web", conversation_id=conversation)
+    request = spb.ResolveSessionRequest(agent="main", source=source)
+    return stub.ResolveSession(request, timeout=10).session.session_id
 
 
 def _contents(stub: spb_grpc.SessionServiceStub, session_id: str) -> list[str]:
@@ -155,11 +158,7 @@ def test_connections_cut_mid_stream_lose_no_acknowledged_append(processes: Proce
         server = processes.server(db.url, service="session")
         with channel_to(server.address) as channel:
             stub = spb_grpc.SessionServiceStub(channel)
-            stub.CreateAgent(spb.CreateAgentRequest(agent=spb.Agent(name="main")), timeout=10)
-            source = spb.Source(transport="web", conversation_id="cut")
-            session_id = stub.ResolveSession(
-                spb.ResolveSessionRequest(agent="main", source=source), timeout=10
-            ).session.session_id
+            session_id = _agent_and_session(stub, "cut")
             sent: list[spb.AppendEventsRequest] = []
             cuts = 0
             for round_no in range(ROUNDS):
