@@ -149,7 +149,8 @@ class ServiceUnit(Protocol):
 
 class _GenericHandlersOnly:
     """A server as generated `add_*_to_server` code sees it: each service is served
-    through the generic handler that code adds, none of its methods registered.
+    through the generic handler that code adds, none of its methods registered
+    (reflection's one method stays registered: it is mounted on the real server).
 
     Why: grpc's aio server keeps one task per registered method waiting for that
     method's next call, and its accept loop waits on all of them again after every call
@@ -212,13 +213,14 @@ class GrpcApp:
             carrier.max_stream_age_s = settings.max_connection_age_s / 2
             self._carriers.append(carrier)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, mounts)
+        # The real server: reflection picks its asyncio servicer by the server's type.
         reflection.enable_server_reflection(
             (
                 self.unit.service_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
-            mounts,
+            self.server,
         )
 
         credentials = settings.credentials()
