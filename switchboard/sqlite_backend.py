@@ -44,8 +44,6 @@ log = logging.getLogger(__name__)
 
 #: How often the same database fault is logged again while it lasts.
 FAULT_LOG_EVERY_S = 60.0
-#: How long the health probe's read waits for a lock (its connection's busy timeout).
-_PROBE_WAIT_S = 1.0
 #: Problems `PRAGMA quick_check` / `integrity_check` report at most.
 CHECK_REPORT_LINES = 10
 
@@ -69,8 +67,6 @@ class SqliteBackend:
         self.busy_timeout_ms = settings.busy_timeout_ms
         #: Per thread: the busy timeout `bound_lock_waits` last set on its connection.
         self._bound = threading.local()
-        #: Per thread: the connection `probe` opened, which the write probe after it takes.
-        self._probed = threading.local()
         self.file = DataFile(path)
         self._faults = _FaultLog()
         #: Set when a statement met a damaged page: health stops answering SERVING.
@@ -187,14 +183,9 @@ class SqliteBackend:
             return
         # A connection of its own (never creating the file): a read of the
         # header, so that an unreadable file fails here too.
-        self._close_probed()
         try:
-            connection = self.file.connect_existing(timeout_s=_PROBE_WAIT_S)
-            try:
+            with closing(self.file.connect_existing(timeout_s=1.0)) as connection:
                 connection.execute("PRAGMA schema_version").fetchone()
-            except BaseException:
-                connection.close()
-                raise
         except sqlite3.Error as exc:
             # The file may have gone between the check above and the open: say so,
             # not "cannot be opened" (which would open the runner's outage window).
@@ -204,9 +195,6 @@ class SqliteBackend:
                 fault.reason if fault else "DATABASE_UNAVAILABLE",
                 fault.message if fault else f"the SQLite database {self.path} failed: {exc}",
             ) from exc
-        # Kept for the write probe that follows (the runner's next step): opening a
-        # connection was half of an idle server's instructions beyond issue 25's baseline.
-        self._probed.connection = connection
 
     def probe_writes(self, tables: Sequence[str], wait_s: float) -> None:
         # The file has one write lock, whatever the tables: take it (as every write
@@ -215,7 +203,7 @@ class SqliteBackend:
         if self.path == ":memory:":
             return
         try:
-            with closing(self._write_probe_connection(wait_s)) as connection:
+            with closing(self.file.connect_existing(timeout_s=wait_s)) as connection:
                 connection.execute("BEGIN IMMEDIATE")
                 connection.execute("ROLLBACK")
         except sqlite3.Error as exc:
@@ -223,28 +211,6 @@ class SqliteBackend:
             if fault is None:
                 raise
             raise fault from exc
-
-    def _write_probe_connection(self, wait_s: float) -> sqlite3.Connection:
-        """The connection this thread's last `probe` opened, waiting `wait_s` for locks
-        (as one opened with that timeout would); a new one when there is none."""
-        connection: sqlite3.Connection | None = getattr(self._probed, "connection", None)
-        self._probed.connection = None
-        if connection is None:
-            return self.file.connect_existing(timeout_s=wait_s)
-        if wait_s != _PROBE_WAIT_S:  # a statement less per probe when the waits agree
-            try:
-                connection.execute(f"PRAGMA busy_timeout = {int(wait_s * 1000)}")
-            except BaseException:
-                connection.close()
-                raise
-        return connection
-
-    def _close_probed(self) -> None:
-        """Closes a connection a `probe` kept that no write probe took."""
-        kept: sqlite3.Connection | None = getattr(self._probed, "connection", None)
-        self._probed.connection = None
-        if kept is not None:
-            kept.close()
 
     @contextmanager
     def bound_lock_waits(self, seconds: float) -> Iterator[None]:
