@@ -68,7 +68,10 @@ def perspective(noop: Measurement, server: str, defaults: Sequence[tuple[str, fl
         f"{noop.cycles_per_s / rate:.2f}x {name}" if rate > 0 else f"- {name}"
         for name, rate in defaults
     )
-    return (
-        f"{NAME}, {clients} client{'s' * (clients > 1)}, {server} server: "
-        f"{noop.cycles_per_s:,.0f}/s = {ratios} (the best any networked store could reach)"
+    against = (
+        f" = {ratios} (the best any networked store could reach)"
+        if ratios
+        else " (no in-process default measured beside it)"
     )
+    rate = f"{noop.cycles_per_s:,.0f}/s"
+    return f"{NAME}, {clients} client{'s' * (clients > 1)}, {server} server: {rate}{against}"
