@@ -56,9 +56,11 @@ class EventLog(Part):
         happens under the lock its write needs anyway (appending moves the head), so
         checks and writes can never interleave with another writer's, whatever the
         number of writer threads and replicas. On SQLite the IMMEDIATE transaction
-        holds the database's write lock already; on Postgres this locks the head row.
+        holds the database's write lock already; on Postgres this locks the head row,
+        sent with the transaction's first real statement (the lock is taken before that
+        statement runs) rather than costing a round trip of its own while it is held.
         """
-        self.database.execute_sql(queries.lock_head(self.backend.for_update))
+        self.backend.execute_later(queries.lock_head(self.backend.for_update), ())
 
     def append(self, events: Sequence[Event], now: float) -> list[Event]:
         """Gives the events the next sequences (in this transaction) and logs them."""
