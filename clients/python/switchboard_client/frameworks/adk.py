@@ -462,6 +462,12 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         the version it was read at (else ADK's `StaleSessionError`, nothing written)."""
         if event.partial:
             return event
+        # An event the session already holds (the same object, or an equal copy: a
+        # caller retrying an append that went through) is not stored twice: ADK's
+        # InMemorySessionService ignores it too, and its SQL services refuse the id. An
+        # event that only shares the id is another event, stored as InMemory stores it.
+        if any(e == event for e in session.events if e.id == event.id):
+            return event
         deltas = codec.state_deltas(event.actions.state_delta or {}, "state_delta key")
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
