@@ -277,6 +277,33 @@ def test_get_session_config_after_timestamp_and_both(server: InProcessSession) -
     drive(server.address, scenario)
 
 
+def test_after_timestamp_keeps_every_later_event_when_times_do_not_grow_with_the_log(
+    server: InProcessSession,
+) -> None:
+    """An event's timestamp is the caller's (ADK stamps it when it makes the event, not
+    when it is appended), so an older one can follow a newer one: `after_timestamp`
+    keeps each event at or after it, as ADK's services filter, and the cached and the
+    history read agree."""
+
+    async def scenario(service: SwitchboardSessionService) -> None:
+        session = await service.create_session(app_name=APP, user_id=USER, session_id="s1")
+        base = time.time()
+        for name, offset in (("m0", 0), ("m3", 3), ("m1", 1), ("m4", 4), ("m2", 2)):
+            appended = event(name)
+            appended.timestamp = base + offset
+            await service.append_event(session, appended)
+
+        async def read(config: GetSessionConfig) -> list[str]:
+            return await both_paths(service, server.address, config)
+
+        assert await read(GetSessionConfig(after_timestamp=base + 3)) == ["m3", "m4"]
+        assert await read(GetSessionConfig(after_timestamp=base + 2)) == ["m3", "m4", "m2"]
+        both = GetSessionConfig(after_timestamp=base + 1, num_recent_events=3)
+        assert await read(both) == ["m1", "m4", "m2"]
+
+    drive(server.address, scenario)
+
+
 def test_list_sessions_by_user_or_all_without_events_oldest_update_first(
     server: InProcessSession,
 ) -> None:
