@@ -13,7 +13,7 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 from google.adk.sessions.session import Session
 from switchboard_client.frameworks.adk import SwitchboardSessionService
 
-from tests.frameworks.adk.conftest import APP, USER, drive, event, texts
+from tests.frameworks.adk.conftest import APP, USER, drive, event, log_head, texts
 from tests.harness import InProcessSession
 
 
@@ -95,6 +95,35 @@ def test_a_partial_event_is_not_stored(server: InProcessSession) -> None:
         assert await service.append_event(session, partial) is partial
         got = await service.get_session(app_name=APP, user_id=USER, session_id="s1")
         assert got is not None and got.events == [] and session.events == []
+
+    drive(server.address, scenario)
+
+
+def test_an_event_delivered_again_is_stored_once_but_another_event_with_its_id_is_stored(
+    server: InProcessSession,
+) -> None:
+    """ADK's services never hold one event twice: InMemorySessionService ignores an equal
+    re-delivery (the same object, or a copy), its SQL services refuse the id. A caller
+    retrying an append that went through must not duplicate it either; an event that
+    merely shares an id is another event (as in InMemorySessionService)."""
+
+    async def scenario(service: SwitchboardSessionService) -> None:
+        session = await service.create_session(app_name=APP, user_id=USER, session_id="s1")
+        said = event("hello", state={"user:n": 1})
+        await service.append_event(session, said)
+        before = log_head(server)
+        assert await service.append_event(session, said) is said
+        await service.append_event(session, said.model_copy(deep=True))
+        reloaded = await service.get_session(app_name=APP, user_id=USER, session_id="s1")
+        assert reloaded is not None
+        await service.append_event(reloaded, said.model_copy(deep=True))
+        assert log_head(server) == before  # nothing written
+        assert texts(session.events) == ["hello"] and texts(reloaded.events) == ["hello"]
+        same_id = event("another", author="shop_agent")
+        same_id.id = said.id
+        await service.append_event(session, same_id)
+        got = await service.get_session(app_name=APP, user_id=USER, session_id="s1")
+        assert got is not None and texts(got.events) == ["hello", "another"]
 
     drive(server.address, scenario)
 
@@ -244,6 +273,33 @@ def test_get_session_config_after_timestamp_and_both(server: InProcessSession) -
         assert await read(both) == ["m3", "m4"]
         both = GetSessionConfig(after_timestamp=base + 3, num_recent_events=3)
         assert await read(both) == ["m3", "m4"]
+
+    drive(server.address, scenario)
+
+
+def test_after_timestamp_keeps_every_later_event_when_times_do_not_grow_with_the_log(
+    server: InProcessSession,
+) -> None:
+    """An event's timestamp is the caller's (ADK stamps it when it makes the event, not
+    when it is appended), so an older one can follow a newer one: `after_timestamp`
+    keeps each event at or after it, as ADK's services filter, and the cached and the
+    history read agree."""
+
+    async def scenario(service: SwitchboardSessionService) -> None:
+        session = await service.create_session(app_name=APP, user_id=USER, session_id="s1")
+        base = time.time()
+        for name, offset in (("m0", 0), ("m3", 3), ("m1", 1), ("m4", 4), ("m2", 2)):
+            appended = event(name)
+            appended.timestamp = base + offset
+            await service.append_event(session, appended)
+
+        async def read(config: GetSessionConfig) -> list[str]:
+            return await both_paths(service, server.address, config)
+
+        assert await read(GetSessionConfig(after_timestamp=base + 3)) == ["m3", "m4"]
+        assert await read(GetSessionConfig(after_timestamp=base + 2)) == ["m3", "m4", "m2"]
+        both = GetSessionConfig(after_timestamp=base + 1, num_recent_events=3)
+        assert await read(both) == ["m1", "m4", "m2"]
 
     drive(server.address, scenario)
 

@@ -345,7 +345,11 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         self, agent: str, stored: pb.Session, config: GetSessionConfig | None
     ) -> list[Event]:
         """The history up to the summary's last sequence (so that it matches the
-        version read with it), newest pages first, only as far as the config wants."""
+        version read with it), newest pages first, only as far as the config wants.
+
+        `after_timestamp` filters every event rather than stopping at the first older
+        one: a timestamp is the caller's (ADK stamps an event when it makes it, not when
+        it is appended), so an older event can follow a newer one in the log."""
         wanted = None if config is None else config.num_recent_events
         after = None if config is None else config.after_timestamp
         if wanted == 0 or stored.message_count == 0:
@@ -353,18 +357,23 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         client = self._session_client()
         newest_first: list[Event] = []
         before = stored.last_sequence + 1
-        while len(newest_first) < (stored.message_count if wanted is None else wanted):
-            limit = _PAGE if wanted is None else min(_PAGE, wanted - len(newest_first))
+        read = 0
+        while read < stored.message_count and (wanted is None or len(newest_first) < wanted):
+            limit = _PAGE
+            if wanted is not None and after is None:  # every event read is kept
+                limit = min(_PAGE, wanted - len(newest_first))
             page = await client.history(
                 agent, stored.session_id, limit=limit, newest=True, before=before
             )
             if not page:
                 break
+            read += len(page)
             for queued in reversed(page):
                 event = codec.decode_event(queued)
-                if after is not None and event.timestamp < after:
-                    return newest_first[::-1]
-                newest_first.append(event)
+                if after is None or event.timestamp >= after:
+                    newest_first.append(event)
+                    if len(newest_first) == wanted:
+                        break
             before = page[0].sequence
         return newest_first[::-1]
 
@@ -461,6 +470,12 @@ class SwitchboardSessionService(BaseSessionService):  # type: ignore[misc]
         """Stores the event and its state delta atomically, if the session is still at
         the version it was read at (else ADK's `StaleSessionError`, nothing written)."""
         if event.partial:
+            return event
+        # An event the session already holds (the same object, or an equal copy: a
+        # caller retrying an append that went through) is not stored twice: ADK's
+        # InMemorySessionService ignores it too, and its SQL services refuse the id. An
+        # event that only shares the id is another event, stored as InMemory stores it.
+        if any(e == event for e in session.events if e.id == event.id):
             return event
         deltas = codec.state_deltas(event.actions.state_delta or {}, "state_delta key")
         self._apply_temp_state(session, event)
