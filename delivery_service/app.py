@@ -25,6 +25,10 @@ from switchboard.interceptor_chain import InterceptorChain
 from switchboard.runner import TransactionRunner
 from switchboard.shared_settings import SharedSettings, shared
 
+#: Postgres writer threads unless configured. Several: the ledger's rows are independent
+#: (no lock every write takes), so transactions of several writers overlap on the database.
+WRITER_THREADS = 4
+
 SERVICE_NAME = delivery_service_pb2.DESCRIPTOR.services_by_name["DeliveryService"].full_name
 #: The ledger and the remembered calls: health reports NOT_SERVING while a write cannot
 #: lock them.
@@ -80,6 +84,7 @@ class DeliveryUnit:
         only sealed (None: stored as given). Raises `switchboard.migrations.SchemaError`
         when the schema cannot be used, `PiiKeyRefused` for a key too short."""
         redactor = LedgerRedactor(pii_key)
+        database = replace(database, writer_threads=database.writer_threads or WRITER_THREADS)
         backend = open_backend(database)
         migrations.prepare(backend, DELIVERY_SCHEMA, migrate_behind=migrate)
         wanted = limits or LedgerLimits()

@@ -28,6 +28,12 @@ from switchboard.interceptor_chain import InterceptorChain
 from switchboard.session.v1 import session_service_pb2, session_service_pb2_grpc
 from switchboard.shared_settings import SESSION_SETTINGS, Shared, SharedSettings
 
+#: Postgres writer threads unless configured. One: every write of this service takes the
+#: log's one lock (the head row) in turn, so more threads only split what one group
+#: commit would carry into several transactions, each holding that lock for its round
+#: trips (measured: docs/performance.md, 2026-12-07 evening).
+WRITER_THREADS = 1
+
 SERVICE_NAME = session_service_pb2.DESCRIPTOR.services_by_name["SessionService"].full_name
 log = logging.getLogger(__name__)
 #: The stored PII key name of replicas without a key (ids hashed unkeyed).
@@ -93,7 +99,11 @@ class SessionUnit:
         if not redactor.keyed:
             log.warning(pii.UNKEYED_WARNING)
         # Erasure leaves no copy of erased content in free pages (see `erasure`).
-        database = replace(database, sqlite_secure_delete=True)
+        database = replace(
+            database,
+            sqlite_secure_delete=True,
+            writer_threads=database.writer_threads or WRITER_THREADS,
+        )
         backend = open_backend(database)
         migrations.prepare(backend, SESSION_SCHEMA, migrate_behind=migrate)
         wanted = limits or SessionLimits()

@@ -41,7 +41,10 @@ class DatabaseSettings:
     #: transaction). A call's deadline shortens the wait: none waits past it.
     busy_timeout_ms: int = 5000
     pool_size: int = 10
-    writer_threads: int = 4
+    #: Postgres writer threads, each group-committing what has queued (SQLite has one
+    #: writer). None: the service's own number (`session_service.app.WRITER_THREADS`,
+    #: `delivery_service.app.WRITER_THREADS`); a tool that only reads or migrates uses one.
+    writer_threads: int | None = None
     reader_threads: int = 4
     max_batch: int = 128
     sqlite_integrity_check: IntegrityCheck = "quick"

@@ -344,7 +344,7 @@ class PostgresBackend:
             key: values[-1] for key, values in parse_qs(parsed.query).items()
         }
         options.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
-        self.writer_threads = settings.writer_threads
+        self.writer_threads = settings.writer_threads or 1
         self._clock = _DatabaseClock()
         self._connect_options: dict[str, Any] = dict(
             dbname=unquote(parsed.path.lstrip("/")) or "postgres",

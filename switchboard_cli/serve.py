@@ -88,7 +88,7 @@ class ServeOptions:
     sqlite_integrity_check: IntegrityCheck
     on_settings_mismatch: SettingsMismatch
     db_pool_size: int
-    db_writer_threads: int
+    db_writer_threads: int | None
     db_lock_timeout: float
     max_attempts: int
     stale_after: float
@@ -198,10 +198,12 @@ class Checked:
 @click.option("--db-pool-size", default=10, envvar="SWITCHBOARD_DB_POOL_SIZE", show_default=True)
 @click.option(
     "--db-writer-threads",
-    default=4,
+    type=click.IntRange(min=1),
+    default=None,
     envvar="SWITCHBOARD_DB_WRITER_THREADS",
-    show_default=True,
-    help="Postgres writer threads (SQLite always has one writer).",
+    help="Postgres writer threads per service (SQLite always has one writer). "
+    "[default: 1 for the SessionService, whose writes take the log's lock in turn; "
+    "4 for the DeliveryService]",
 )
 @click.option(
     "--db-lock-timeout",

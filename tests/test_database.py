@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from delivery_service.app import DeliveryUnit
+from session_service.app import SessionUnit
 from switchboard.backends import open_backend
 from switchboard.database import DatabaseSettings
 from switchboard.errors import FailedPrecondition
 from switchboard.runner import TransactionRunner
+from tests.harness import postgres_schema
 
 
 def test_sqlite_is_wal_full_sync_with_a_busy_timeout(tmp_path: Path) -> None:
@@ -136,3 +140,22 @@ def test_a_deferred_write_with_a_percent_sign_reaches_the_database(database_url:
                 [value],
             ).fetchall()
     assert found == [(value,)]
+
+
+@pytest.mark.parametrize(("configured", "session", "delivery"), [(None, 1, 4), (3, 3, 3)])
+def test_each_service_has_its_own_number_of_postgres_writer_threads(
+    configured: int | None, session: int, delivery: int
+) -> None:
+    """Unless configured, the SessionService writes from one thread (its writes take the
+    log's one lock in turn: more threads would split its group commits) and the
+    DeliveryService from four (its rows are independent)."""
+    with postgres_schema() as url:
+        settings = DatabaseSettings(url=url, writer_threads=configured)
+        for unit_class, expected in ((SessionUnit, session), (DeliveryUnit, delivery)):
+            unit = unit_class(settings)
+            try:
+                writers = [t for t in threading.enumerate() if "-writer-" in t.name]
+                assert unit.runner.backend.writer_threads == expected
+                assert len(writers) == expected, unit_class.__name__
+            finally:
+                unit.close()
