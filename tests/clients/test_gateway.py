@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -191,6 +192,40 @@ def test_periodic_claims_retry_a_failed_send(services: Services) -> None:
         (pb.ROLE_USER, "hello"),
         (pb.ROLE_ASSISTANT, "answer to hello"),
     ], "the turn ended with its reply once; the retried send adds nothing to it"
+
+
+@both
+def test_a_stop_lets_the_periodic_claim_under_way_deliver_and_complete_its_turn(
+    services: Services,
+) -> None:
+    """A graceful stop during a periodic claim's redelivery waits for it: the reply goes
+    out, its row is DELIVERED and its turn completed (cut in between, the reply would
+    reach the chat with its turn left open)."""
+    platform = LoopbackPlatform(mode="fail")
+    gateway = _gateway(services, platform)
+    gateway.claim_every_s = 0.2
+    gateway.start()
+    gateway.handle(Inbound(DM, "hello", message_ref="m-1"))  # fails; retry due in 0.2 s
+    [owed] = list(services.ledger.list())
+    platform.mode = "hang"  # the retry's send waits for `release`
+    deadline = time.monotonic() + 30
+    # The failed send left the row waiting for its retry; the claim takes it again.
+    while services.ledger.get(owed.id).state != dpb.OBLIGATION_STATE_ATTEMPTING:
+        assert time.monotonic() < deadline, "the periodic claim did not retry"
+        time.sleep(0.05)
+    stopping = threading.Thread(target=gateway.stop)
+    stopping.start()
+    time.sleep(0.5)  # the stop is under way while the send hangs
+    platform.mode = "ok"
+    platform.release.set()
+    stopping.join(timeout=30)
+    assert not stopping.is_alive()
+    assert [s.text for s in platform.sent] == [RECOVERED_MARKER + "answer to hello"]
+    assert services.ledger.get(owed.id).state == dpb.OBLIGATION_STATE_DELIVERED
+    assert _history(services) == [
+        (pb.ROLE_USER, "hello"),
+        (pb.ROLE_ASSISTANT, "answer to hello"),
+    ], "the redelivered reply completed its turn before the gateway stopped"
 
 
 @both

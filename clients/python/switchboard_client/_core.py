@@ -75,6 +75,10 @@ from switchboard_client.reply_targets import (
 log = logging.getLogger("switchboard_client.gateway")
 
 RECOVERED_MARKER = "[recovered reply: you may have seen this message already]\n"
+#: How long a graceful stop lets a periodic step under way finish (a recovered reply
+#: going out, then its turn completed) before giving up on it: cut in between, the reply
+#: would be delivered with its turn left open.
+STEP_DRAIN_S = 10.0
 
 T = TypeVar("T")
 OWED = (

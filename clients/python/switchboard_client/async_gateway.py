@@ -21,11 +21,13 @@ so a slow model call or platform request never stalls the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from switchboard_client._core import (
+    STEP_DRAIN_S,
     Call,
     GatewayRules,
     GatewayView,
@@ -67,6 +69,7 @@ class AsyncGateway(GatewayView):
         self.heartbeat_s = heartbeat_s
         self.claim_every_s = claim_every_s
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = asyncio.Event()
         # One resume pass at a time: the periodic one and a caller's never run a turn twice.
         self._resuming = asyncio.Lock()
 
@@ -77,11 +80,16 @@ class AsyncGateway(GatewayView):
         await self._run(self.rules.boot())
 
     async def stop(self) -> None:
-        """Graceful stop: this instance's unfinished rows become claimable at once."""
-        for task in self._tasks:
-            task.cancel()
+        """Graceful stop: periodic steps under way finish (see `STEP_DRAIN_S`), then this
+        instance's unfinished rows become claimable at once."""
+        self._stopping.set()
+        if self._tasks:
+            _, late = await asyncio.wait(self._tasks, timeout=STEP_DRAIN_S)
+            for task in late:
+                task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        self._stopping.clear()  # a gateway started again beats and claims again
         await self._run(self.rules.stop())
 
     async def reconnected(self, platform: str) -> None:
@@ -161,15 +169,20 @@ class AsyncGateway(GatewayView):
         self, period_s: Callable[[], float], rule: Callable[[], Steps[None]], name: str
     ) -> None:
         async def loop() -> None:
-            while True:
-                # The period is read each time: a caller may change it on a running gateway.
-                await asyncio.sleep(period_s())
+            # The period is read each time: a caller may change it on a running gateway.
+            while not await self._stopped_within(period_s()):
                 try:
                     await self._run(rule())
                 except Exception:  # the rules log the expected failures; keep beating
                     log.exception("gateway %s: the %s step failed", self.name, name)
 
         self._tasks.append(asyncio.create_task(loop(), name=f"gateway-{name}"))
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        """Waits `seconds` or until `stop()`; whether the gateway is stopping."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        return self._stopping.is_set()
 
 
 async def _call_either(function: Callable[..., Any], *args: Any) -> Any:

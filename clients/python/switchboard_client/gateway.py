@@ -17,6 +17,7 @@ from typing import Any
 
 from switchboard_client._core import (
     RECOVERED_MARKER,
+    STEP_DRAIN_S,
     Call,
     GatewayRules,
     GatewayView,
@@ -73,10 +74,11 @@ class Gateway(GatewayView):
         self._run(self.rules.boot())
 
     def stop(self) -> None:
-        """Graceful stop: this instance's unfinished rows become claimable at once."""
+        """Graceful stop: periodic steps under way finish (see `STEP_DRAIN_S`), then this
+        instance's unfinished rows become claimable at once."""
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout=10)
+            thread.join(timeout=STEP_DRAIN_S)
         self._run(self.rules.stop())
 
     def reconnected(self, platform: str) -> None:
