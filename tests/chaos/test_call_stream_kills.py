@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import grpc
@@ -88,11 +88,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_append(
         with channel_to(server.address) as channel:
             stub = spb_grpc.SessionServiceStub(channel)
             _wait_until_serving(stub, session_id)
-            history = _contents(stub, session_id)
-            acknowledged = {requests[p].events[0].message_appended.message.content for p in acked}
-            assert acknowledged <= set(history), "every acknowledged append survived the kill"
-            for request in requests:  # every one again, by its request id: once each
-                stub.AppendEvents(request, timeout=10)
+            _survived_then_retried(stub, session_id, requests, acked, "the kill")
             history = _contents(stub, session_id)
     tokens = [request.events[0].message_appended.message.content for request in sent]
     assert sorted(history) == sorted(tokens), "each append logged exactly once"
@@ -115,6 +111,22 @@ def _contents(stub: spb_grpc.SessionServiceStub, session_id: str) -> list[str]:
         if not page.next_page_token:
             return contents
         request.page_token = page.next_page_token
+
+
+def _survived_then_retried(
+    stub: spb_grpc.SessionServiceStub,
+    session_id: str,
+    requests: list[spb.AppendEventsRequest],
+    acked: Collection[int],
+    fault: str,
+) -> None:
+    """Every acknowledged append is in the history after `fault`; then every request
+    is sent again by its request id (the caller checks each was logged once)."""
+    history = _contents(stub, session_id)
+    acknowledged = {requests[p].events[0].message_appended.message.content for p in acked}
+    assert acknowledged <= set(history), f"every acknowledged append survived {fault}"
+    for request in requests:  # every one again, by its request id: once each
+        stub.AppendEvents(request, timeout=10)
 
 
 def _fed(outgoing: queue.SimpleQueue[object]) -> Iterator[Any]:
@@ -179,13 +191,7 @@ def test_connections_cut_mid_stream_lose_no_acknowledged_append(processes: Proce
                     30,
                     "the server's reconnection",
                 )
-                history = _contents(stub, session_id)
-                acknowledged = {
-                    requests[p].events[0].message_appended.message.content for p in acked
-                }
-                assert acknowledged <= set(history), "every acknowledged append survived the cut"
-                for request in requests:  # every one again, by its request id: once each
-                    stub.AppendEvents(request, timeout=10)
+                _survived_then_retried(stub, session_id, requests, acked, "the cut")
             history = _contents(stub, session_id)
     tokens = [request.events[0].message_appended.message.content for request in sent]
     assert sorted(history) == sorted(tokens), "each append logged exactly once"
