@@ -180,13 +180,16 @@ def served(
         loop.run(app.stop())
 
 
-def waiting_on_locks(url: str) -> int:
+def waiting_on_locks(url: str, calls_only: bool = False) -> int:
+    """Database sessions waiting for a lock; `calls_only`: not counting the health
+    probe's own lock check (a LOCK TABLE), which waits on a held lock too."""
+    probes = " AND query NOT LIKE '%LOCK TABLE%'" if calls_only else ""
     connection = psycopg2.connect(url, connect_timeout=5)
     try:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'"
+                "AND wait_event_type = 'Lock'" + probes
             )
             row = cursor.fetchone()
             return int(row[0]) if row else 0

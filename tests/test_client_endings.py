@@ -78,10 +78,23 @@ def _end_a_unary_call_of_each_kind(server: Served, database: OwnDatabase, caplog
         wait_for(lambda: any(r.name == "switchboard.runner" for r in caplog.records), "give-up")
         cancelled = server.start_write()
         if database.backend == "postgres":
-            wait_for(lambda: waiting_on_locks(database.url) > 0, "the write to wait")
+            wait_for(lambda: waiting_on_locks(database.url, calls_only=True) > 0, "the write")
         else:
             time.sleep(1.0)  # SQLite tells nobody who waits for its lock: give it time
         assert cancelled.cancel(), "the call ended before it was cancelled"
+        # Held until the server has seen the cancel: released at once, the write could
+        # commit and answer OK before the cancel reaches the server.
+        wait_for(lambda: _logged(caplog, "CANCELLED"), "the server to see the cancel")
+
+
+def _logged(caplog: Any, status: str) -> bool:
+    """Whether the access log has a write ended with `status`."""
+    return any(
+        r.name == "switchboard.access"
+        and f" {status} " in r.getMessage()
+        and "Watch" not in r.getMessage()
+        for r in caplog.records
+    )
 
 
 @pytest.mark.parametrize("service", SERVICES)
